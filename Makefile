@@ -1,0 +1,65 @@
+# longhaul: thin targets over scripts/ (see README.md).
+#   make setup   install everything a fresh Debian machine needs (idempotent)
+#   make build   release binaries into dist/
+#   make test    everything CI runs (runs setup first)
+#   make lint    rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard checks
+#   make bench   benchmarks: memory, disk, exporter
+#   make demo    the product end to end on this machine; make demo-down undoes it
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+LONGHAUL_CACHE ?= /var/cache/longhaul
+VENV ?= $(LONGHAUL_CACHE)/venv
+CARGO_TARGET_DIR ?= $(CURDIR)/target
+export LONGHAUL_CACHE CARGO_TARGET_DIR
+export PATH := $(VENV)/bin:$(PATH)
+export LONGHAUL_DIST ?= $(CURDIR)/dist
+
+STAGE := scripts/stage
+BINARIES := longhaul longhaul-exporter
+
+.PHONY: help setup build lint test test-rust test-integration test-roles bench demo demo-down clean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+setup:
+	@$(STAGE) setup scripts/setup
+
+build:
+	@$(STAGE) build bash -c 'cargo build --release --locked --workspace --bins && \
+	  mkdir -p dist && for b in $(BINARIES); do install -m 0755 "$(CARGO_TARGET_DIR)/release/$$b" dist/; done'
+
+lint:
+	@$(STAGE) lint scripts/lint
+
+test: setup
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory test-rust
+	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory test-integration
+	@$(MAKE) --no-print-directory test-roles
+
+test-rust:
+	@$(STAGE) test-rust cargo test --locked --workspace
+
+test-integration:
+	@$(STAGE) test-integration scripts/pytest-run tests
+
+test-roles:
+	@$(STAGE) test-roles scripts/molecule-all
+
+bench: build
+	@for b in memory disk exporter; do $(STAGE) bench-$$b scripts/bench-$$b; done
+
+demo: setup build
+	@$(STAGE) demo scripts/demo
+
+demo-down:
+	@$(STAGE) demo-down scripts/demo-down
+
+clean:
+	cargo clean
+	rm -rf dist results

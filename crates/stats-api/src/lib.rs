@@ -1,0 +1,151 @@
+//! Wire types of the engine's stats API, version 1.
+//!
+//! `longhaul serve --stats-listen ADDR:PORT` answers `GET /v1/sessions` with a
+//! [`Snapshot`] as JSON. The exporter's `engine` collector reads the same
+//! types, so the two ends cannot drift apart: a field renamed here breaks both
+//! builds, not a dashboard at 3 a.m.
+//!
+//! Compatibility rule: within version 1, fields may be added (consumers ignore
+//! unknown fields) but never renamed, removed or given another meaning.
+//! Counters are cumulative since the session started and never go down.
+
+use serde::{Deserialize, Serialize};
+
+/// Version carried in the path and in [`Snapshot::version`].
+pub const API_VERSION: u32 = 1;
+
+/// Path of the sessions snapshot.
+pub const SESSIONS_PATH: &str = "/v1/sessions";
+
+/// Default address of the stats API (DESIGN.md).
+pub const DEFAULT_STATS_LISTEN: &str = "127.0.0.1:7401";
+
+/// The whole answer of `GET /v1/sessions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub version: u32,
+    pub engine: EngineInfo,
+    /// Running sessions, plus finished ones for a short while (see
+    /// [`Session::state`]) so that a scrape after the end still sees the
+    /// final counters.
+    pub sessions: Vec<Session>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineInfo {
+    /// longhaul version, e.g. "0.1.0".
+    pub version: String,
+    pub pid: u32,
+    /// Unix time (seconds) the engine started.
+    pub started_unix: f64,
+    pub sessions_total: u64,
+    pub sessions_failed_total: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Memory,
+    Disk,
+}
+
+/// Direction as seen from the engine that serves the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Send,
+    Receive,
+    Bidir,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Handshake,
+    Running,
+    Finished,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    /// Stable id for the session's lifetime; used as the `session` label.
+    pub id: String,
+    /// Remote control-connection address, "IP:PORT".
+    pub peer: String,
+    pub mode: Mode,
+    pub direction: Direction,
+    pub state: State,
+    pub started_unix: f64,
+    /// Payload bytes this engine sent in the session.
+    pub bytes_sent: u64,
+    /// Payload bytes this engine received in the session.
+    pub bytes_received: u64,
+    pub streams: Vec<Stream>,
+    /// Disk mode: IO per block device; empty in memory mode.
+    #[serde(default)]
+    pub devices: Vec<DeviceIo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stream {
+    pub id: u32,
+    /// `send` or `receive` (a single data connection carries one direction).
+    pub direction: Direction,
+    pub bytes: u64,
+    /// Latest TCP_INFO sample of the stream's socket; absent before the
+    /// first sample or after the socket closed.
+    #[serde(default)]
+    pub tcp: Option<TcpInfo>,
+}
+
+/// The TCP_INFO fields longhaul reports, in the kernel's units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TcpInfo {
+    pub rtt_us: u32,
+    pub rttvar_us: u32,
+    pub cwnd_bytes: u64,
+    /// tcpi_total_retrans: segments retransmitted over the socket's life.
+    pub retransmits: u64,
+    pub pacing_rate_bps: u64,
+    pub delivery_rate_bps: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceIo {
+    /// Whole-disk kernel name, e.g. "sda", "nvme0n1".
+    pub device: String,
+    /// Controller id as in DESIGN.md: PCI address, "nvme0", or "virtual".
+    pub controller: String,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_round_trips_and_ignores_unknown_fields() {
+        let text = r#"{"version":1,"engine":{"version":"0.1.0","pid":7,"started_unix":1.5,
+            "sessions_total":2,"sessions_failed_total":0,"future_field":true},
+            "sessions":[{"id":"s1","peer":"127.0.0.1:5","mode":"memory","direction":"receive",
+            "state":"running","started_unix":2.0,"bytes_sent":0,"bytes_received":10,
+            "streams":[{"id":0,"direction":"receive","bytes":10,"tcp":{"rtt_us":40,
+            "rttvar_us":5,"cwnd_bytes":14480,"retransmits":0,"pacing_rate_bps":1,
+            "delivery_rate_bps":2}}]}]}"#;
+        let snap: Snapshot = serde_json::from_str(text).unwrap();
+        assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
+        assert!(snap.sessions[0].devices.is_empty());
+        let again: Snapshot =
+            serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
+        assert_eq!(snap, again);
+    }
+
+    #[test]
+    fn unknown_mode_is_an_error() {
+        let text = r#"{"id":"s","peer":"p","mode":"tape","direction":"send","state":"running",
+            "started_unix":0,"bytes_sent":0,"bytes_received":0,"streams":[]}"#;
+        assert!(serde_json::from_str::<Session>(text).is_err());
+    }
+}
