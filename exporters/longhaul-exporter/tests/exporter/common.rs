@@ -1,0 +1,280 @@
+//! Helpers: start the exporter binary, fake engines, HTTP GET, scrape parsing.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_longhaul-exporter");
+
+/// The fixture disk server shared with crates/topology.
+pub fn server_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/topology/tests/fixtures/server")
+}
+
+pub fn exporter_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Flags pointing the exporter at the fixture server.
+pub fn fixture_args() -> Vec<String> {
+    let f = server_fixture();
+    vec![
+        format!("--path.sysfs={}", f.join("sys").display()),
+        format!("--path.procfs={}", f.join("proc").display()),
+        format!("--path.pciids={}", f.join("pci.ids").display()),
+    ]
+}
+
+/// A running exporter, killed on drop.
+pub struct Exporter {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Exporter {
+    pub fn start<S: AsRef<str>>(args: &[S]) -> Exporter {
+        let mut child = Command::new(BIN)
+            .arg("--web.listen-address=127.0.0.1:0")
+            .args(args.iter().map(AsRef::as_ref))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start exporter");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("exporter printed its address")
+            .parse()
+            .expect("address parses");
+        Exporter { child, addr, log }
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        get(self.addr, path, None)
+    }
+
+    pub fn scrape(&self) -> String {
+        let r = self.get("/metrics");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.body
+    }
+
+    pub fn log_lines(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Response {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+pub fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> Response {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read answer");
+    let text = String::from_utf8(raw).expect("utf-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("http answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    Response {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    }
+}
+
+/// What a fake engine does with each connection.
+#[derive(Clone)]
+pub enum Behaviour {
+    /// 200 with this body.
+    Body(String),
+    /// These raw bytes, then close.
+    Raw(Vec<u8>),
+    /// Accept, read, never answer (until the fake is dropped).
+    Hang,
+}
+
+/// A fake engine stats API on 127.0.0.1:0, stopped on drop.
+pub struct FakeEngine {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl FakeEngine {
+    pub fn start(behaviour: Behaviour) -> FakeEngine {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        s.set_nonblocking(false).unwrap();
+                        s.set_read_timeout(Some(Duration::from_millis(500)))
+                            .unwrap();
+                        let mut buf = [0u8; 4096];
+                        let _ = s.read(&mut buf);
+                        match &behaviour {
+                            Behaviour::Body(b) => {
+                                let _ = write!(
+                                    s,
+                                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                                    b.len()
+                                );
+                            }
+                            Behaviour::Raw(r) => {
+                                let _ = s.write_all(r);
+                            }
+                            Behaviour::Hang => held.push(s),
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FakeEngine { addr, stop }
+    }
+
+    pub fn url(&self) -> String {
+        format!("--engine.url=http://{}", self.addr)
+    }
+}
+
+impl Drop for FakeEngine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Parses text-format samples into "name{labels}" -> value.
+pub fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("sample line");
+            (k.to_string(), v.parse().expect("sample value"))
+        })
+        .collect()
+}
+
+/// The value of label `name` in a "metric{a="x",b="y"}" key.
+pub fn label(key: &str, name: &str) -> Option<String> {
+    let inner = key.split_once('{')?.1.strip_suffix('}')?;
+    inner.split("\",").find_map(|kv| {
+        let (k, v) = kv.split_once("=\"")?;
+        (k == name).then(|| v.trim_end_matches('"').to_string())
+    })
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "longhaul-exporter-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `promtool check metrics` on a scrape; panics with its output on
+/// failure.
+pub fn promtool_check(scrape: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus) must be installed");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Polls `f` until it returns Some or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

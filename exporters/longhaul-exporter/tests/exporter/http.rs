@@ -1,0 +1,71 @@
+//! HTTP behaviour: index page, 404/405, the concurrent-scrape limit, SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+#[test]
+fn index_links_to_metrics_and_unknown_paths_are_404() {
+    let exp = Exporter::start(&["--no-collector.engine"]);
+    let index = exp.get("/");
+    assert_eq!(index.status, 200);
+    assert!(
+        index.body.contains("<a href=\"/metrics\">"),
+        "{}",
+        index.body
+    );
+    assert_eq!(exp.get("/nope").status, 404);
+    assert_eq!(exp.get("/metrics?x=1").status, 200);
+
+    let mut s = TcpStream::connect(exp.addr).unwrap();
+    s.write_all(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+}
+
+#[test]
+fn scrapes_beyond_the_limit_get_503() {
+    // A hanging engine holds the first scrape for the engine timeout.
+    let engine = FakeEngine::start(Behaviour::Hang);
+    let exp = Exporter::start(&[
+        engine.url(),
+        "--engine.timeout=1500ms".into(),
+        "--web.max-requests=1".into(),
+        "--no-collector.raid".into(),
+    ]);
+    let addr = exp.addr;
+    let first = std::thread::spawn(move || get(addr, "/metrics", None).status);
+    std::thread::sleep(Duration::from_millis(300));
+    let second = exp.get("/metrics");
+    assert_eq!(second.status, 503, "{}", second.body);
+    assert_eq!(first.join().unwrap(), 200);
+    // The slot is released afterwards.
+    assert_eq!(exp.get("/").status, 200);
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let mut exp = Exporter::start(&["--no-collector.engine"]);
+    exp.scrape();
+    // SAFETY: kill(2) on the pid of our own child.
+    let rc = unsafe { libc::kill(exp.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = exp.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert!(TcpStream::connect(exp.addr).is_err(), "still listening");
+    assert!(exp.log_text().contains("shutting down"));
+}
