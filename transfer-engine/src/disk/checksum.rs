@@ -1,0 +1,308 @@
+//! The per-file checksum and the hole-aware helpers that compute it.
+//!
+//! A file's checksum is xxh3-64 over the little-endian xxh3-64 of each
+//! [`CHUNK_SIZE`] chunk (the last one may be short). The sender computes it
+//! while reading; the receiver computes it from the bytes it writes. Because
+//! the receiver gets chunks from many streams in any order, [`OrderedDigest`]
+//! parks out-of-order chunk hashes until the gap before them closes; the
+//! contiguous prefix it has hashed is the file's "verified offset" that resume
+//! continues from. A chunk that is all hole hashes to a precomputed constant,
+//! so a 1 GiB sparse file costs almost nothing to checksum.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::sync::OnceLock;
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use super::CHUNK_SIZE;
+
+/// Hash of one chunk's bytes.
+pub fn chunk_hash(data: &[u8]) -> u64 {
+    xxh3_64(data)
+}
+
+fn zeros() -> &'static [u8] {
+    static ZEROS: OnceLock<Vec<u8>> = OnceLock::new();
+    ZEROS.get_or_init(|| vec![0u8; CHUNK_SIZE as usize])
+}
+
+/// Hash of a chunk of `len` zero bytes (`len <= CHUNK_SIZE`).
+pub fn zero_chunk_hash(len: u64) -> u64 {
+    static FULL: OnceLock<u64> = OnceLock::new();
+    if len == CHUNK_SIZE {
+        *FULL.get_or_init(|| xxh3_64(zeros()))
+    } else {
+        xxh3_64(&zeros()[..len as usize])
+    }
+}
+
+/// Length of chunk `index` of a file of `size` bytes.
+pub fn chunk_len(index: u64, size: u64) -> u64 {
+    size.saturating_sub(index * CHUNK_SIZE).min(CHUNK_SIZE)
+}
+
+/// Number of chunks of a file of `size` bytes.
+pub fn chunk_count(size: u64) -> u64 {
+    size.div_ceil(CHUNK_SIZE)
+}
+
+/// Folds chunk hashes, in file order, into the file checksum.
+#[derive(Clone)]
+pub struct FileDigest {
+    hasher: Xxh3,
+}
+
+impl Default for FileDigest {
+    fn default() -> Self {
+        FileDigest {
+            hasher: Xxh3::new(),
+        }
+    }
+}
+
+impl FileDigest {
+    pub fn push(&mut self, chunk_hash: u64) {
+        self.hasher.update(&chunk_hash.to_le_bytes());
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.hasher.digest()
+    }
+}
+
+/// The checksum of a whole buffer, as if it were a file (tests, tools).
+pub fn checksum_bytes(data: &[u8]) -> u64 {
+    let mut d = FileDigest::default();
+    for chunk in data.chunks(CHUNK_SIZE as usize) {
+        d.push(chunk_hash(chunk));
+    }
+    d.finish()
+}
+
+enum Parked {
+    Data(u64),
+    /// `n` chunks of zeros starting at the key.
+    Zeros(u64),
+}
+
+/// Receiver-side digest that accepts chunk hashes in any order.
+pub struct OrderedDigest {
+    size: u64,
+    next: u64,
+    parked: BTreeMap<u64, Parked>,
+    digest: FileDigest,
+}
+
+impl OrderedDigest {
+    /// A digest of a `size`-byte file whose first `prefix` chunks are
+    /// already folded into `digest`.
+    pub fn resume(size: u64, prefix: u64, digest: FileDigest) -> Self {
+        OrderedDigest {
+            size,
+            next: prefix,
+            parked: BTreeMap::new(),
+            digest,
+        }
+    }
+
+    pub fn new(size: u64) -> Self {
+        Self::resume(size, 0, FileDigest::default())
+    }
+
+    /// Chunk `index` holds data hashing to `hash`. Chunks before the
+    /// verified prefix are ignored (a duplicate after resume).
+    pub fn data(&mut self, index: u64, hash: u64) {
+        if index >= self.next {
+            self.parked.insert(index, Parked::Data(hash));
+            self.advance();
+        }
+    }
+
+    /// Chunks `first .. first + count` are all zeros (a hole).
+    pub fn zeros(&mut self, first: u64, count: u64) {
+        let end = first + count;
+        if end > self.next && count > 0 {
+            let first = first.max(self.next);
+            self.parked.insert(first, Parked::Zeros(end - first));
+            self.advance();
+        }
+    }
+
+    fn advance(&mut self) {
+        while let Some(p) = self.parked.remove(&self.next) {
+            match p {
+                Parked::Data(h) => {
+                    self.digest.push(h);
+                    self.next += 1;
+                }
+                Parked::Zeros(n) => {
+                    for _ in 0..n {
+                        self.digest
+                            .push(zero_chunk_hash(chunk_len(self.next, self.size)));
+                        self.next += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bytes from the start of the file whose hashes are folded in.
+    pub fn verified_offset(&self) -> u64 {
+        (self.next * CHUNK_SIZE).min(self.size)
+    }
+
+    /// Every chunk is folded in.
+    pub fn complete(&self) -> bool {
+        self.next >= chunk_count(self.size)
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.digest.finish()
+    }
+}
+
+/// First data offset at or after `offset`, `None` if only a hole follows.
+/// File systems without SEEK_DATA report everything as data.
+pub fn next_data(file: &File, offset: u64) -> io::Result<Option<u64>> {
+    // SAFETY: lseek on a valid descriptor has no memory effects.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, libc::SEEK_DATA) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::ENXIO) => Ok(None),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some(offset)),
+        _ => Err(err),
+    }
+}
+
+/// Read `buf.len()` bytes at `offset`, or fewer at EOF; returns the bytes
+/// read. A short read is EOF for a regular file, and stopping there matters
+/// for O_DIRECT, where retrying at the unaligned offset after a short tail
+/// would fail with EINVAL instead of returning 0.
+pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    loop {
+        match file.read_at(buf, offset) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Hash chunks `0..chunks` of a `size`-byte file into `digest`, skipping
+/// holes when `sparse`; `buf` must hold a chunk (aligned if `file` is
+/// O_DIRECT). Returns the bytes actually read, or `UnexpectedEof` when the
+/// file is shorter than `size`.
+pub fn hash_prefix(
+    file: &File,
+    size: u64,
+    chunks: u64,
+    sparse: bool,
+    buf: &mut [u8],
+    digest: &mut FileDigest,
+) -> io::Result<u64> {
+    let mut read = 0;
+    let mut data_from = 0u64;
+    let mut index = 0;
+    while index < chunks {
+        let off = index * CHUNK_SIZE;
+        let len = chunk_len(index, size);
+        if sparse && off + len > data_from {
+            data_from = next_data(file, off)?.unwrap_or(u64::MAX);
+        }
+        if sparse && data_from >= off + len {
+            digest.push(zero_chunk_hash(len));
+        } else {
+            let want = len as usize;
+            // O_DIRECT wants aligned lengths: read a whole chunk buffer and
+            // let EOF shorten it.
+            let n = read_full_at(file, &mut buf[..CHUNK_SIZE as usize], off)?;
+            if n < want {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file shorter than expected",
+                ));
+            }
+            read += want as u64;
+            digest.push(chunk_hash(&buf[..want]));
+        }
+        index += 1;
+    }
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordered_digest_matches_sequential_in_any_order() {
+        let size = 3 * CHUNK_SIZE + 7;
+        let mut data = vec![0u8; size as usize];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        // Chunk 1 is a hole.
+        data[CHUNK_SIZE as usize..2 * CHUNK_SIZE as usize].fill(0);
+        let want = checksum_bytes(&data);
+        let hash = |i: u64| {
+            let s = (i * CHUNK_SIZE) as usize;
+            let e = (s + CHUNK_SIZE as usize).min(data.len());
+            chunk_hash(&data[s..e])
+        };
+        let mut d = OrderedDigest::new(size);
+        d.data(3, hash(3));
+        d.data(2, hash(2));
+        assert_eq!(d.verified_offset(), 0);
+        d.zeros(1, 1);
+        assert!(!d.complete());
+        d.data(0, hash(0));
+        assert!(d.complete());
+        assert_eq!(d.verified_offset(), size);
+        assert_eq!(d.finish(), want);
+    }
+
+    #[test]
+    fn empty_file_is_complete_at_once() {
+        let d = OrderedDigest::new(0);
+        assert!(d.complete());
+        assert_eq!(d.finish(), checksum_bytes(&[]));
+    }
+
+    #[test]
+    fn zero_hash_matches_real_zeros() {
+        assert_eq!(
+            zero_chunk_hash(CHUNK_SIZE),
+            chunk_hash(&vec![0; CHUNK_SIZE as usize])
+        );
+        assert_eq!(zero_chunk_hash(7), chunk_hash(&[0; 7]));
+    }
+
+    #[test]
+    fn hash_prefix_skips_holes_and_matches() {
+        let dir = std::env::temp_dir().join(format!("lh-ck-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sparse");
+        let f = File::create(&path).unwrap();
+        let size = 8 * CHUNK_SIZE + 3;
+        f.set_len(size).unwrap();
+        f.write_at(b"hello", 5 * CHUNK_SIZE + 10).unwrap();
+        let mut data = vec![0u8; size as usize];
+        data[5 * CHUNK_SIZE as usize + 10..5 * CHUNK_SIZE as usize + 15].copy_from_slice(b"hello");
+        let f = File::open(&path).unwrap();
+        let mut buf = vec![0u8; CHUNK_SIZE as usize];
+        let mut d = FileDigest::default();
+        hash_prefix(&f, size, chunk_count(size), true, &mut buf, &mut d).unwrap();
+        assert_eq!(d.finish(), checksum_bytes(&data));
+        let mut d2 = FileDigest::default();
+        hash_prefix(&f, size, chunk_count(size), false, &mut buf, &mut d2).unwrap();
+        assert_eq!(d2.finish(), d.finish());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

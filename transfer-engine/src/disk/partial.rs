@@ -1,0 +1,210 @@
+//! Partial files and what the receiver already has.
+//!
+//! A file `NAME` is written as `.NAME.longhaul-part` in its destination
+//! directory, next to a small JSON sidecar `.NAME.longhaul-state` that
+//! records the source's size and mtime and the verified offset (the prefix
+//! whose chunks were written and hashed). Only a verified file is renamed to
+//! `NAME` and its sidecar removed. On a re-run, [`what_we_have`] answers per
+//! manifest entry: complete (the final file has the same size and mtime, the
+//! quick check rsync uses too), partial from a verified offset (the sidecar
+//! matches the source), or nothing. The resumed prefix is re-read and
+//! re-hashed on both ends, so the final checksum still covers every byte.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::safepath::Dir;
+use super::wire::ManifestEntry;
+use super::CHUNK_SIZE;
+
+const PART_SUFFIX: &str = ".longhaul-part";
+const STATE_SUFFIX: &str = ".longhaul-state";
+/// NAME_MAX of Linux file systems.
+const NAME_MAX: usize = 255;
+/// Largest sidecar we read; real ones are ~100 bytes.
+const MAX_STATE_BYTES: u64 = 4096;
+
+fn hidden(name: &str, suffix: &str) -> String {
+    // Room for the longest suffix plus ".tmp" and the leading dot.
+    if name.len() + 1 + STATE_SUFFIX.len() + 4 <= NAME_MAX {
+        format!(".{name}{suffix}")
+    } else {
+        format!(".longhaul-{:016x}{suffix}", xxh3_64(name.as_bytes()))
+    }
+}
+
+/// Temporary name of `name` while it is being written.
+pub fn part_name(name: &str) -> String {
+    hidden(name, PART_SUFFIX)
+}
+
+/// Name of the resume sidecar of `name`.
+pub fn state_name(name: &str) -> String {
+    hidden(name, STATE_SUFFIX)
+}
+
+/// Contents of the sidecar.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartState {
+    pub size: u64,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+    pub chunk_size: u64,
+    /// Bytes from the start that were written and hashed.
+    pub verified: u64,
+}
+
+impl PartState {
+    pub fn for_entry(e: &ManifestEntry, verified: u64) -> Self {
+        PartState {
+            size: e.size,
+            mtime_sec: e.mtime_sec,
+            mtime_nsec: e.mtime_nsec,
+            chunk_size: CHUNK_SIZE,
+            verified,
+        }
+    }
+
+    fn matches(&self, e: &ManifestEntry) -> bool {
+        self.size == e.size
+            && self.mtime_sec == e.mtime_sec
+            && self.mtime_nsec == e.mtime_nsec
+            && self.chunk_size == CHUNK_SIZE
+            && self.verified <= e.size
+            && (self.verified % CHUNK_SIZE == 0 || self.verified == e.size)
+    }
+}
+
+/// Write the sidecar of `name` atomically (temp + rename).
+pub fn save_state(dir: &Dir, name: &str, st: &PartState) -> io::Result<()> {
+    let tmp = format!("{}.tmp", state_name(name));
+    let mut f = dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
+    f.write_all(
+        serde_json::to_string(st)
+            .map_err(io::Error::other)?
+            .as_bytes(),
+    )?;
+    drop(f);
+    dir.rename(&tmp, &state_name(name))
+}
+
+/// The sidecar of `name`, if there is a readable one.
+pub fn load_state(dir: &Dir, name: &str) -> Option<PartState> {
+    let f = dir.open_file(&state_name(name), libc::O_RDONLY, 0).ok()?;
+    let mut text = String::new();
+    f.take(MAX_STATE_BYTES).read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Remove the temporary file and sidecar of `name`.
+pub fn discard(dir: &Dir, name: &str) -> io::Result<()> {
+    dir.unlink(&part_name(name))?;
+    dir.unlink(&state_name(name))
+}
+
+/// What the receiver has of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Have {
+    Complete,
+    /// A partial file verified up to this offset.
+    Partial(u64),
+    Nothing,
+}
+
+/// Decide what `dir/name` already holds of `entry`.
+pub fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<Have> {
+    if let Some(st) = dir.stat(name)? {
+        let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+        if regular
+            && st.st_size as u64 == entry.size
+            && st.st_mtime == entry.mtime_sec
+            && st.st_mtime_nsec as u32 == entry.mtime_nsec
+        {
+            return Ok(Have::Complete);
+        }
+    }
+    let Some(state) = load_state(dir, name) else {
+        return Ok(Have::Nothing);
+    };
+    match dir.stat(&part_name(name))? {
+        Some(st)
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG
+                && state.matches(entry)
+                && st.st_size as u64 >= state.verified =>
+        {
+            Ok(if state.verified > 0 {
+                Have::Partial(state.verified)
+            } else {
+                Have::Nothing
+            })
+        }
+        _ => Ok(Have::Nothing),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::safepath::Root;
+    use super::*;
+
+    fn entry(size: u64) -> ManifestEntry {
+        ManifestEntry {
+            id: 0,
+            path: "f".into(),
+            dir: false,
+            size,
+            mode: 0o644,
+            mtime_sec: 1_700_000_000,
+            mtime_nsec: 5,
+            sparse: false,
+            device: "x".into(),
+        }
+    }
+
+    #[test]
+    fn names_stay_within_name_max() {
+        assert_eq!(part_name("a.txt"), ".a.txt.longhaul-part");
+        let long = "x".repeat(250);
+        assert!(part_name(&long).len() <= NAME_MAX);
+        assert!(format!("{}.tmp", state_name(&long)).len() <= NAME_MAX);
+    }
+
+    #[test]
+    fn sidecar_decides_resume_and_final_file_decides_skip() {
+        let base = std::env::temp_dir().join(format!("lh-part-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let root = Root::open(&base).unwrap();
+        let dir = root.open_dir(&[], false, "").unwrap();
+        let e = entry(3 * CHUNK_SIZE);
+        assert_eq!(what_we_have(&dir, "f", &e).unwrap(), Have::Nothing);
+        let part = dir
+            .open_file(&part_name("f"), libc::O_WRONLY | libc::O_CREAT, 0o600)
+            .unwrap();
+        part.set_len(e.size).unwrap();
+        save_state(&dir, "f", &PartState::for_entry(&e, CHUNK_SIZE)).unwrap();
+        assert_eq!(
+            what_we_have(&dir, "f", &e).unwrap(),
+            Have::Partial(CHUNK_SIZE)
+        );
+        // A changed source invalidates the partial file.
+        let mut changed = e.clone();
+        changed.mtime_sec += 1;
+        assert_eq!(what_we_have(&dir, "f", &changed).unwrap(), Have::Nothing);
+        // A final file with the same size and mtime is complete.
+        let f = dir
+            .open_file("f", libc::O_WRONLY | libc::O_CREAT, 0o644)
+            .unwrap();
+        f.set_len(e.size).unwrap();
+        super::super::safepath::set_mtime_fd(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            (e.mtime_sec, e.mtime_nsec),
+        )
+        .unwrap();
+        assert_eq!(what_we_have(&dir, "f", &e).unwrap(), Have::Complete);
+        discard(&dir, "f").unwrap();
+        assert!(!base.join(part_name("f")).exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

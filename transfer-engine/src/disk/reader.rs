@@ -1,0 +1,453 @@
+//! The sender pipeline: reader workers per device feed one bounded block
+//! queue that every data stream drains.
+//!
+//! Files are dealt round-robin to the `--io-workers-per-device` workers of
+//! their device group, so each device is read by its own threads and two
+//! controllers are driven in parallel. A worker reads its files one after
+//! another, chunk by chunk, hashing as it goes; holes of sparse files
+//! (SEEK_DATA) become `Hole` frames with no payload. A resumed file's prefix
+//! is read and hashed but not sent. A file that vanishes, cannot be opened or
+//! changes size/mtime while being read becomes a `Fail` frame and a
+//! [`FileFailure`]; the other files go on.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::buffer::{AlignedBuf, BufferPool};
+use super::checksum::{
+    chunk_count, chunk_hash, chunk_len, hash_prefix, next_data, read_full_at, zero_chunk_hash,
+    FileDigest,
+};
+use super::devices::DeviceGroup;
+use super::wire::{write_frame, FileFailure, FrameHeader, FrameKind};
+use super::{DiskError, DiskOptions, CHUNK_SIZE};
+
+/// One file to read.
+#[derive(Debug, Clone)]
+pub struct SendItem {
+    pub id: u32,
+    /// Relative path, for messages.
+    pub rel: String,
+    pub src: PathBuf,
+    pub size: u64,
+    pub mtime: (i64, u32),
+    pub sparse: bool,
+    /// Index of its device group.
+    pub group: usize,
+    /// Resume offset: the receiver verified everything before it.
+    pub from: u64,
+}
+
+/// A unit of work for the data streams.
+pub enum Block {
+    Data {
+        file: u32,
+        offset: u64,
+        buf: AlignedBuf,
+    },
+    Hole {
+        file: u32,
+        offset: u64,
+        len: u64,
+    },
+    End {
+        file: u32,
+        checksum: u64,
+    },
+    Fail {
+        file: u32,
+        message: String,
+    },
+}
+
+/// The running sender pipeline; share it (Arc) with every data stream.
+pub struct SendPipeline {
+    queue: Mutex<Receiver<Block>>,
+    pool: Arc<BufferPool>,
+    groups: Vec<Arc<DeviceGroup>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    failures: Arc<Mutex<Vec<FileFailure>>>,
+    aborted: Arc<AtomicBool>,
+}
+
+struct Ctx {
+    tx: SyncSender<Block>,
+    pool: Arc<BufferPool>,
+    groups: Vec<Arc<DeviceGroup>>,
+    failures: Arc<Mutex<Vec<FileFailure>>>,
+    aborted: Arc<AtomicBool>,
+    direct: bool,
+    follow_symlinks: bool,
+}
+
+/// A stream with nothing to carry (readers hashing a long resumed prefix,
+/// a slow disk) sends a keep-alive this often, well inside the engine's
+/// 30 s data idle timeout.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Warn once per process that O_DIRECT was refused.
+static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Open `path` for reading, O_DIRECT if asked and the file system allows.
+pub fn open_source(path: &std::path::Path, direct: bool, follow: bool) -> io::Result<File> {
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    if direct {
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT | nofollow)
+            .open(path)
+        {
+            Ok(f) => return Ok(f),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                if !DIRECT_WARNED.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "longhaul: warning: O_DIRECT refused on {}; using buffered IO",
+                        path.display()
+                    );
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(nofollow)
+        .open(path)?;
+    // We read every file front to back: ask for the larger readahead.
+    // SAFETY: advisory call on a valid descriptor.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+    Ok(f)
+}
+
+/// Pool size: two blocks per stream in flight plus two per reader, so
+/// neither side starves the other; never grows.
+pub fn pool_buffers(streams: usize, workers: usize) -> usize {
+    2 * streams + 2 * workers + 2
+}
+
+impl SendPipeline {
+    /// Start reader workers for `items` (already in manifest order).
+    pub fn start(
+        items: Vec<SendItem>,
+        groups: Vec<Arc<DeviceGroup>>,
+        opts: &DiskOptions,
+    ) -> Arc<SendPipeline> {
+        let per_device = opts.io_workers_per_device.max(1);
+        let workers = groups.len().max(1) * per_device;
+        let pool = Arc::new(BufferPool::new(pool_buffers(opts.streams, workers)));
+        let (tx, rx) = sync_channel(pool.total());
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let aborted = Arc::new(AtomicBool::new(false));
+        // Deal files round-robin to the workers of their device.
+        let mut lists: Vec<Vec<SendItem>> = vec![Vec::new(); workers];
+        let mut dealt = vec![0usize; groups.len().max(1)];
+        for it in items {
+            let k = dealt[it.group] % per_device;
+            dealt[it.group] += 1;
+            lists[it.group * per_device + k].push(it);
+        }
+        let mut handles = Vec::new();
+        for list in lists.into_iter().filter(|l| !l.is_empty()) {
+            let ctx = Ctx {
+                tx: tx.clone(),
+                pool: pool.clone(),
+                groups: groups.clone(),
+                failures: failures.clone(),
+                aborted: aborted.clone(),
+                direct: opts.direct,
+                follow_symlinks: opts.follow_symlinks,
+            };
+            let h = std::thread::Builder::new()
+                .name("lh-disk-read".into())
+                .spawn(move || read_worker(list, ctx))
+                .expect("spawn reader thread");
+            handles.push(h);
+        }
+        drop(tx);
+        Arc::new(SendPipeline {
+            queue: Mutex::new(rx),
+            pool,
+            groups,
+            workers: Mutex::new(handles),
+            failures,
+            aborted,
+        })
+    }
+
+    /// Move blocks onto one data stream until the queue is drained, then
+    /// send `EndOfStream`. `pace` is called before each block is written
+    /// (rate limit), `progress` sees every payload byte written;
+    /// `stop` (the session failed) ends the stream with an error. Returns
+    /// the payload bytes this stream carried.
+    pub fn pump<W: Write>(
+        &self,
+        w: &mut W,
+        pace: &dyn Fn(usize),
+        progress: &dyn Fn(u64),
+        stop: &AtomicBool,
+    ) -> io::Result<u64> {
+        let mut sent = 0;
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                self.abort();
+                return Err(io::Error::other("session stopped"));
+            }
+            let next = self
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .recv_timeout(KEEPALIVE_INTERVAL);
+            let block = match next {
+                Ok(b) => b,
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(e) = write_frame(w, &FrameHeader::new(FrameKind::KeepAlive, 0), &[])
+                    {
+                        self.abort();
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let r = match block {
+                Block::Data { file, offset, buf } => {
+                    pace(buf.len());
+                    let mut h = FrameHeader::new(FrameKind::Data, file);
+                    h.offset = offset;
+                    h.len = buf.len() as u32;
+                    let r = write_frame(w, &h, buf.as_slice());
+                    let n = buf.len() as u64;
+                    self.pool.put(buf);
+                    if r.is_ok() {
+                        sent += n;
+                        progress(n);
+                    }
+                    r
+                }
+                Block::Hole { file, offset, len } => {
+                    let mut h = FrameHeader::new(FrameKind::Hole, file);
+                    h.offset = offset;
+                    h.value = len;
+                    write_frame(w, &h, &[])
+                }
+                Block::End { file, checksum } => {
+                    let mut h = FrameHeader::new(FrameKind::End, file);
+                    h.value = checksum;
+                    write_frame(w, &h, &[])
+                }
+                Block::Fail { file, message } => {
+                    let msg = &message.as_bytes()
+                        [..message.len().min(super::wire::MAX_FAIL_MESSAGE as usize)];
+                    let mut h = FrameHeader::new(FrameKind::Fail, file);
+                    h.len = msg.len() as u32;
+                    write_frame(w, &h, msg)
+                }
+            };
+            if let Err(e) = r {
+                self.abort();
+                return Err(e);
+            }
+        }
+        write_frame(w, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])?;
+        w.flush()?;
+        Ok(sent)
+    }
+
+    /// Stop reading: workers finish their current block and exit.
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+        self.pool.close();
+        // Drain so workers blocked on a full queue wake up.
+        if let Ok(q) = self.queue.try_lock() {
+            while q.try_recv().is_ok() {}
+        }
+    }
+
+    /// Wait for the readers; returns the files that failed on this side.
+    pub fn finish(&self) -> Vec<FileFailure> {
+        let handles: Vec<_> =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+        &self.groups
+    }
+}
+
+fn read_worker(list: Vec<SendItem>, ctx: Ctx) {
+    for it in list {
+        if ctx.aborted.load(Ordering::Relaxed) {
+            return;
+        }
+        match read_file(&it, &ctx) {
+            Ok(true) => {}
+            Ok(false) => return, // aborted
+            Err(e) => {
+                let failure = FileFailure::new(it.id, &it.rel, &e);
+                // The receiver learns code and message: "code\tmessage".
+                let message = format!("{}\t{}", failure.code, failure.error);
+                ctx.failures
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(failure);
+                if ctx
+                    .tx
+                    .send(Block::Fail {
+                        file: it.id,
+                        message,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn changed(md: &std::fs::Metadata, it: &SendItem) -> bool {
+    md.len() != it.size || md.mtime() != it.mtime.0 || md.mtime_nsec() as u32 != it.mtime.1
+}
+
+/// Read one file into blocks. `Ok(false)` when the pipeline was aborted.
+fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
+    let src = it.src.display().to_string();
+    let file =
+        open_source(&it.src, ctx.direct, ctx.follow_symlinks).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => DiskError::SourceVanished { path: src.clone() },
+            _ => DiskError::from_io(src.clone(), e),
+        })?;
+    let md = file
+        .metadata()
+        .map_err(|e| DiskError::from_io(src.clone(), e))?;
+    if changed(&md, it) {
+        return Err(DiskError::SourceChanged { path: src });
+    }
+    let group = &ctx.groups[it.group];
+    let size = it.size;
+    let chunks = chunk_count(size);
+    let from_chunk = (it.from / CHUNK_SIZE).min(chunks);
+    let mut digest = FileDigest::default();
+    if from_chunk > 0 {
+        let Some(mut buf) = ctx.pool.get() else {
+            return Ok(false);
+        };
+        let r = hash_prefix(
+            &file,
+            size,
+            from_chunk,
+            it.sparse,
+            buf.as_mut_full(),
+            &mut digest,
+        );
+        ctx.pool.put(buf);
+        let read = r.map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => DiskError::SourceChanged { path: src.clone() },
+            _ => DiskError::from_io(src.clone(), e),
+        })?;
+        group.add_read(read);
+    }
+    let mut data_from = 0u64;
+    let mut hole_start: Option<u64> = None;
+    for index in from_chunk..chunks {
+        let off = index * CHUNK_SIZE;
+        let len = chunk_len(index, size);
+        if it.sparse && off + len > data_from {
+            data_from = next_data(&file, off)
+                .map_err(|e| DiskError::from_io(src.clone(), e))?
+                .unwrap_or(u64::MAX);
+        }
+        if it.sparse && data_from >= off + len {
+            digest.push(zero_chunk_hash(len));
+            hole_start.get_or_insert(off);
+            continue;
+        }
+        if let Some(start) = hole_start.take() {
+            if ctx
+                .tx
+                .send(Block::Hole {
+                    file: it.id,
+                    offset: start,
+                    len: off - start,
+                })
+                .is_err()
+            {
+                return Ok(false);
+            }
+        }
+        let Some(mut buf) = ctx.pool.get() else {
+            return Ok(false);
+        };
+        // Read a whole chunk buffer: O_DIRECT needs aligned lengths, EOF
+        // shortens the last one.
+        let n = match read_full_at(&file, buf.as_mut_full(), off) {
+            Ok(n) => n,
+            Err(e) => {
+                ctx.pool.put(buf);
+                return Err(DiskError::from_io(src, e));
+            }
+        };
+        if (n as u64) < len {
+            ctx.pool.put(buf);
+            return Err(DiskError::SourceChanged { path: src });
+        }
+        buf.set_len(len as usize);
+        digest.push(chunk_hash(buf.as_slice()));
+        group.add_read(len);
+        if ctx
+            .tx
+            .send(Block::Data {
+                file: it.id,
+                offset: off,
+                buf,
+            })
+            .is_err()
+        {
+            return Ok(false);
+        }
+    }
+    if let Some(start) = hole_start.take() {
+        if ctx
+            .tx
+            .send(Block::Hole {
+                file: it.id,
+                offset: start,
+                len: size - start,
+            })
+            .is_err()
+        {
+            return Ok(false);
+        }
+    }
+    let md = file
+        .metadata()
+        .map_err(|e| DiskError::from_io(src.clone(), e))?;
+    if !it.src.exists() {
+        return Err(DiskError::SourceVanished { path: src });
+    }
+    if changed(&md, it) {
+        return Err(DiskError::SourceChanged { path: src });
+    }
+    Ok(ctx
+        .tx
+        .send(Block::End {
+            file: it.id,
+            checksum: digest.finish(),
+        })
+        .is_ok())
+}

@@ -1,0 +1,316 @@
+//! The two pipelines joined by socket pairs, without the session layer.
+
+use std::fs;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use super::source::SourceSet;
+use super::wire::{DiskReport, FileFailure};
+use super::writer::ReceivePipeline;
+use super::{DiskOptions, CHUNK_SIZE};
+
+struct Outcome {
+    report: DiskReport,
+    sender_failures: Vec<FileFailure>,
+    sent: u64,
+}
+
+fn transfer(paths: &[PathBuf], root: &Path, dest: &str, opts: &DiskOptions) -> Outcome {
+    let src = SourceSet::build(paths, dest, opts).unwrap();
+    let (rx, plan) = ReceivePipeline::prepare(root, &src.manifest, opts).unwrap();
+    let (tx, mut sender_failures) = src.start(&plan, opts);
+    let mut threads = Vec::new();
+    for _ in 0..opts.streams {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let t = tx.clone();
+        threads.push(std::thread::spawn(move || {
+            t.pump(&mut a, &|_| {}, &|_| {}, &AtomicBool::new(false))
+                .unwrap()
+        }));
+        let r = rx.clone();
+        threads.push(std::thread::spawn(move || {
+            r.drain(&mut b, &|_| {}).unwrap();
+            0
+        }));
+    }
+    let sent = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    sender_failures.extend(tx.finish());
+    Outcome {
+        report: rx.finish(),
+        sender_failures,
+        sent,
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lh-rt-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Deterministic contents that differ in every 4 KiB block (cheap even in
+/// debug builds: one small block, then copies with a stamped index).
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    let block: Vec<u8> = (0..4096u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).rotate_left(u32::from(seed)) as u8)
+        .collect();
+    let mut v = Vec::with_capacity(len + 4096);
+    let mut n = 0u32;
+    while v.len() < len {
+        v.extend_from_slice(&block);
+        let at = v.len() - 4096;
+        v[at..at + 4].copy_from_slice(&n.to_le_bytes());
+        n += 1;
+    }
+    v.truncate(len);
+    v
+}
+
+/// Compare two trees: contents, modes, mtimes, empty dirs.
+fn assert_same_tree(a: &Path, b: &Path) {
+    let ma = fs::symlink_metadata(a).unwrap();
+    let mb = fs::symlink_metadata(b).unwrap();
+    assert_eq!(ma.is_dir(), mb.is_dir(), "{}", b.display());
+    assert_eq!(
+        ma.permissions().mode() & 0o7777,
+        mb.permissions().mode() & 0o7777,
+        "mode of {}",
+        b.display()
+    );
+    assert_eq!(
+        (ma.mtime(), ma.mtime_nsec()),
+        (mb.mtime(), mb.mtime_nsec()),
+        "mtime of {}",
+        b.display()
+    );
+    if ma.is_dir() {
+        let mut na: Vec<_> = fs::read_dir(a)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        let mut nb: Vec<_> = fs::read_dir(b)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        na.sort();
+        nb.sort();
+        assert_eq!(na, nb, "entries of {}", b.display());
+        for n in na {
+            assert_same_tree(&a.join(&n), &b.join(&n));
+        }
+    } else {
+        assert_eq!(ma.len(), mb.len());
+        assert!(
+            fs::read(a).unwrap() == fs::read(b).unwrap(),
+            "contents of {}",
+            b.display()
+        );
+    }
+}
+
+#[test]
+fn tree_round_trips_bit_identical_and_resume_skips() {
+    let base = tmp("tree");
+    let top = base.join("src/top");
+    fs::create_dir_all(top.join("empty/inner")).unwrap();
+    let deep = top.join("d1/d2/d3/d4/d5/d6/d7/d8");
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(deep.join("deep.bin"), pattern(4097, 1)).unwrap();
+    fs::write(top.join("zero"), b"").unwrap();
+    fs::write(top.join("one"), b"1").unwrap();
+    fs::write(
+        top.join("unaligned"),
+        pattern(CHUNK_SIZE as usize * 3 + 7, 2),
+    )
+    .unwrap();
+    fs::write(top.join("grüße-日本.txt"), "héllo").unwrap();
+    let sparse = fs::File::create(top.join("sparse")).unwrap();
+    sparse.set_len(64 * CHUNK_SIZE + 5).unwrap();
+    sparse.write_at(b"middle", 20 * CHUNK_SIZE + 3).unwrap();
+    sparse.write_at(b"end", 64 * CHUNK_SIZE + 2).unwrap();
+    fs::set_permissions(top.join("one"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(top.join("empty"), fs::Permissions::from_mode(0o700)).unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions {
+        streams: 3,
+        ..DiskOptions::default()
+    };
+    let out = transfer(std::slice::from_ref(&top), &root, "in/x", &opts);
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    assert!(out.sender_failures.is_empty());
+    assert_eq!(out.report.files, 6);
+    assert_same_tree(&top, &root.join("in/x/top"));
+    // Holes stay holes on the receiver and were not sent.
+    let got = fs::metadata(root.join("in/x/top/sparse")).unwrap();
+    assert!(
+        got.blocks() * 512 < 8 * CHUNK_SIZE,
+        "sparse file was filled: {} blocks",
+        got.blocks()
+    );
+    assert!(out.sent < 8 * CHUNK_SIZE, "sent {}", out.sent);
+    // Second run: everything complete, nothing sent.
+    let again = transfer(std::slice::from_ref(&top), &root, "in/x", &opts);
+    assert!(again.report.failures.is_empty());
+    assert_eq!(again.sent, 0);
+    assert_eq!(again.report.files, 6);
+    fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn partial_file_resumes_from_verified_offset() {
+    let base = tmp("resume");
+    let src = base.join("big");
+    let data = pattern(40 * CHUNK_SIZE as usize + 11, 3);
+    fs::write(&src, &data).unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions {
+        streams: 2,
+        ..DiskOptions::default()
+    };
+    // Fake an interrupted run: the first 20 chunks are there and verified.
+    let md = fs::metadata(&src).unwrap();
+    fs::write(
+        root.join(".big.longhaul-part"),
+        &data[..20 * CHUNK_SIZE as usize],
+    )
+    .unwrap();
+    let st = super::partial::PartState {
+        size: md.len(),
+        mtime_sec: md.mtime(),
+        mtime_nsec: md.mtime_nsec() as u32,
+        chunk_size: CHUNK_SIZE,
+        verified: 20 * CHUNK_SIZE,
+    };
+    fs::write(
+        root.join(".big.longhaul-state"),
+        serde_json::to_string(&st).unwrap(),
+    )
+    .unwrap();
+    let out = transfer(std::slice::from_ref(&src), &root, "", &opts);
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    assert_eq!(out.sent, data.len() as u64 - 20 * CHUNK_SIZE);
+    assert!(fs::read(root.join("big")).unwrap() == data);
+    assert!(!root.join(".big.longhaul-state").exists());
+    // A damaged prefix is caught by the checksum and named.
+    fs::remove_file(root.join("big")).unwrap();
+    let mut bad = data[..20 * CHUNK_SIZE as usize].to_vec();
+    bad[5] ^= 1;
+    fs::write(root.join(".big.longhaul-part"), &bad).unwrap();
+    fs::write(
+        root.join(".big.longhaul-state"),
+        serde_json::to_string(&st).unwrap(),
+    )
+    .unwrap();
+    let out = transfer(std::slice::from_ref(&src), &root, "", &opts);
+    assert_eq!(out.report.failures.len(), 1);
+    assert!(
+        out.report.failures[0]
+            .error
+            .contains("checksum mismatch for big"),
+        "{:?}",
+        out.report.failures
+    );
+    assert!(!root.join("big").exists());
+    // The damaged partial was discarded, so the next run starts over and works.
+    let out = transfer(std::slice::from_ref(&src), &root, "", &opts);
+    assert!(out.report.failures.is_empty());
+    assert!(fs::read(root.join("big")).unwrap() == data);
+    fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn escaping_manifest_paths_are_refused_and_nothing_lands_outside() {
+    let base = tmp("escape");
+    let root = base.join("root");
+    let outside = base.join("outside");
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let f = base.join("f");
+    fs::write(&f, b"payload").unwrap();
+    let opts = DiskOptions::default();
+    let mut src = SourceSet::build(std::slice::from_ref(&f), "", &opts).unwrap();
+    for evil in ["../outside/f", "/tmp/evil-longhaul", "link/f", "a/./b"] {
+        src.manifest.entries[0].path = evil.into();
+        let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts).unwrap();
+        assert_eq!(plan.refused.len(), 1, "{evil} not refused");
+        let report = rx.finish();
+        assert_eq!(report.failures.len(), 1);
+    }
+    src.manifest.dest = "../outside".into();
+    src.manifest.entries[0].path = "f".into();
+    assert!(ReceivePipeline::prepare(&root, &src.manifest, &opts).is_err());
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+    assert!(!Path::new("/tmp/evil-longhaul").exists());
+    fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn vanished_source_is_named_and_others_continue() {
+    let base = tmp("vanish");
+    let top = base.join("t");
+    fs::create_dir_all(&top).unwrap();
+    fs::write(top.join("a"), b"aaa").unwrap();
+    fs::write(top.join("b"), b"bbb").unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions::default();
+    let src = SourceSet::build(std::slice::from_ref(&top), "", &opts).unwrap();
+    fs::remove_file(top.join("a")).unwrap();
+    let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts).unwrap();
+    let (tx, _) = src.start(&plan, &opts);
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        tx.pump(&mut a, &|_| {}, &|_| {}, &AtomicBool::new(false))
+            .map(|_| tx.finish())
+    });
+    rx.drain(&mut b, &|_| {}).unwrap();
+    let sender_failures = t.join().unwrap().unwrap();
+    let report = rx.finish();
+    assert_eq!(sender_failures.len(), 1);
+    assert!(
+        sender_failures[0].error.contains("vanished"),
+        "{:?}",
+        sender_failures
+    );
+    assert_eq!(report.failures.len(), 1);
+    assert_eq!(fs::read(root.join("t/b")).unwrap(), b"bbb");
+    fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn source_changed_before_reading_is_named() {
+    let base = tmp("changed");
+    let f = base.join("grows");
+    fs::write(&f, b"before").unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions::default();
+    let src = SourceSet::build(std::slice::from_ref(&f), "", &opts).unwrap();
+    fs::write(&f, b"after, longer").unwrap();
+    let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts).unwrap();
+    let (tx, _) = src.start(&plan, &opts);
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        tx.pump(&mut a, &|_| {}, &|_| {}, &AtomicBool::new(false))
+            .map(|_| tx.finish())
+    });
+    rx.drain(&mut b, &|_| {}).unwrap();
+    let sender_failures = t.join().unwrap().unwrap();
+    let report = rx.finish();
+    assert_eq!(sender_failures[0].code, "source_changed");
+    assert!(
+        report.failures[0]
+            .error
+            .contains("source changed during read"),
+        "{:?}",
+        report.failures
+    );
+    assert!(!root.join("grows").exists());
+    fs::remove_dir_all(&base).unwrap();
+}

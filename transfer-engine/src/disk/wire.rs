@@ -1,0 +1,292 @@
+//! Disk-mode messages: the control-connection exchange (manifest -> plan ->
+//! report, serde types the session layer carries) and the block frames every
+//! data stream carries.
+//!
+//! Control exchange:
+//! 1. client -> server [`Manifest`]: every entry with its relative path,
+//!    size, mode, mtime and device group.
+//! 2. server -> client [`Plan`]: per file what the server already has
+//!    (complete: skip; partial: resume offset) and what it refuses.
+//! 3. data streams carry [`Frame`]s until each sends `EndOfStream`.
+//! 4. server -> client [`DiskReport`]: per-file failures, totals and the
+//!    server's device counters.
+//!
+//! A frame is a fixed 32-byte little-endian header, then `len` payload bytes
+//! for `Data` and `Fail`. Any stream may carry any file's blocks.
+
+use std::io::{self, Read, Write};
+
+use longhaul_stats_api::DeviceIo;
+use serde::{Deserialize, Serialize};
+
+use super::CHUNK_SIZE;
+
+/// One entry of the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Index in [`Manifest::entries`]; frames name files by it.
+    pub id: u32,
+    /// Relative path below `--dest`, '/'-separated.
+    pub path: String,
+    pub dir: bool,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+    /// The sender found holes; the receiver leaves holes unwritten.
+    pub sparse: bool,
+    /// The sender's device group (informational).
+    pub device: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// `--dest`, relative to the server's `--root`.
+    pub dest: String,
+    /// Skip complete files and continue partial ones.
+    pub resume: bool,
+    /// Must equal [`CHUNK_SIZE`]; a different value is a version mismatch.
+    pub chunk_size: u64,
+    pub entries: Vec<ManifestEntry>,
+}
+
+/// The server's answer to a manifest. Files not listed are sent whole.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Already complete on the server (same size and mtime).
+    pub skip: Vec<u32>,
+    /// (file id, verified offset) of partial files to continue.
+    pub resume: Vec<(u32, u64)>,
+    /// Refused entries (unsafe path, cannot create), with the cause.
+    pub refused: Vec<FileFailure>,
+}
+
+/// One file that did not arrive intact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileFailure {
+    pub id: u32,
+    pub path: String,
+    /// [`super::DiskError::code`] of the cause.
+    pub code: String,
+    pub error: String,
+}
+
+impl FileFailure {
+    pub fn new(id: u32, path: &str, err: &super::DiskError) -> Self {
+        FileFailure {
+            id,
+            path: path.to_string(),
+            code: err.code().into(),
+            error: err.to_string(),
+        }
+    }
+}
+
+/// The server's summary after every data stream ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiskReport {
+    /// Files complete and verified on the server (including skipped ones).
+    pub files: u64,
+    /// Their total size.
+    pub file_bytes: u64,
+    /// Payload bytes written in this session.
+    pub written_bytes: u64,
+    pub failures: Vec<FileFailure>,
+    pub devices: Vec<DeviceIo>,
+}
+
+/// Frame magic: "LHDB" — catches a stream that lost framing.
+pub const FRAME_MAGIC: u32 = 0x4244_484C;
+pub const FRAME_HEADER_LEN: usize = 32;
+/// Longest `Fail` message accepted.
+pub const MAX_FAIL_MESSAGE: u32 = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// `len` bytes of file `file` at `offset` (one chunk) follow.
+    Data = 1,
+    /// `value` bytes of zeros at `offset` (whole chunks, or to EOF).
+    Hole = 2,
+    /// The sender read the whole file; `value` is its checksum.
+    End = 3,
+    /// The sender could not read the file; a `len`-byte message follows.
+    Fail = 4,
+    /// No more frames on this stream.
+    EndOfStream = 5,
+    /// Nothing to send yet (readers busy); keeps idle timeouts quiet.
+    KeepAlive = 6,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: FrameKind,
+    pub file: u32,
+    pub len: u32,
+    pub offset: u64,
+    pub value: u64,
+}
+
+impl FrameHeader {
+    pub fn new(kind: FrameKind, file: u32) -> Self {
+        FrameHeader {
+            kind,
+            file,
+            len: 0,
+            offset: 0,
+            value: 0,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut b = [0u8; FRAME_HEADER_LEN];
+        b[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+        b[4] = self.kind as u8;
+        b[8..12].copy_from_slice(&self.file.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..32].copy_from_slice(&self.value.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; FRAME_HEADER_LEN]) -> io::Result<Self> {
+        let bad =
+            |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("bad disk frame: {m}"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if u32_at(0) != FRAME_MAGIC {
+            return Err(bad("magic"));
+        }
+        let kind = match b[4] {
+            1 => FrameKind::Data,
+            2 => FrameKind::Hole,
+            3 => FrameKind::End,
+            4 => FrameKind::Fail,
+            5 => FrameKind::EndOfStream,
+            6 => FrameKind::KeepAlive,
+            k => return Err(bad(&format!("kind {k}"))),
+        };
+        let h = FrameHeader {
+            kind,
+            file: u32_at(8),
+            len: u32_at(12),
+            offset: u64_at(16),
+            value: u64_at(24),
+        };
+        match kind {
+            FrameKind::Data
+                if h.len == 0 || u64::from(h.len) > CHUNK_SIZE || h.offset % CHUNK_SIZE != 0 =>
+            {
+                Err(bad("data block size or alignment"))
+            }
+            FrameKind::Hole if h.offset % CHUNK_SIZE != 0 => Err(bad("hole alignment")),
+            FrameKind::Fail if h.len > MAX_FAIL_MESSAGE => Err(bad("message too long")),
+            FrameKind::Hole | FrameKind::End | FrameKind::EndOfStream | FrameKind::KeepAlive
+                if h.len != 0 =>
+            {
+                Err(bad("unexpected payload"))
+            }
+            _ => Ok(h),
+        }
+    }
+
+    /// Payload bytes that follow this header.
+    pub fn payload_len(&self) -> usize {
+        match self.kind {
+            FrameKind::Data | FrameKind::Fail => self.len as usize,
+            _ => 0,
+        }
+    }
+}
+
+/// Write a header and its payload.
+pub fn write_frame<W: Write>(w: &mut W, h: &FrameHeader, payload: &[u8]) -> io::Result<()> {
+    debug_assert_eq!(payload.len(), h.payload_len());
+    if payload.is_empty() {
+        return w.write_all(&h.encode());
+    }
+    // One syscall for header + payload in the common case.
+    let hdr = h.encode();
+    let n = loop {
+        match w.write_vectored(&[io::IoSlice::new(&hdr), io::IoSlice::new(payload)]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    if n < hdr.len() {
+        w.write_all(&hdr[n..])?;
+        w.write_all(payload)
+    } else {
+        w.write_all(&payload[n - hdr.len()..])
+    }
+}
+
+/// Read the next header; `None` on a clean EOF before its first byte.
+pub fn read_header<R: Read>(r: &mut R) -> io::Result<Option<FrameHeader>> {
+    let mut b = [0u8; FRAME_HEADER_LEN];
+    let mut got = 0;
+    while got < b.len() {
+        match r.read(&mut b[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    FrameHeader::decode(&b).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_garbage_is_rejected() {
+        let mut h = FrameHeader::new(FrameKind::Data, 7);
+        h.len = 5;
+        h.offset = 3 * CHUNK_SIZE;
+        let mut out = Vec::new();
+        write_frame(&mut out, &h, b"hello").unwrap();
+        let mut end = FrameHeader::new(FrameKind::End, 7);
+        end.value = 42;
+        write_frame(&mut out, &end, &[]).unwrap();
+        let mut r = &out[..];
+        assert_eq!(read_header(&mut r).unwrap(), Some(h));
+        r = &r[5..];
+        assert_eq!(read_header(&mut r).unwrap(), Some(end));
+        assert_eq!(read_header(&mut r).unwrap(), None);
+        let mut bad = h.encode();
+        bad[0] = b'X';
+        assert!(FrameHeader::decode(&bad).is_err());
+        h.offset = 5;
+        assert!(FrameHeader::decode(&h.encode()).is_err());
+        h.offset = 0;
+        h.len = CHUNK_SIZE as u32 + 1;
+        assert!(FrameHeader::decode(&h.encode()).is_err());
+    }
+
+    #[test]
+    fn manifest_round_trips_as_json() {
+        let m = Manifest {
+            dest: "in".into(),
+            resume: true,
+            chunk_size: CHUNK_SIZE,
+            entries: vec![ManifestEntry {
+                id: 0,
+                path: "ü/a".into(),
+                dir: false,
+                size: 1,
+                mode: 0o644,
+                mtime_sec: 5,
+                mtime_nsec: 6,
+                sparse: false,
+                device: "vda".into(),
+            }],
+        };
+        let back: Manifest = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+}

@@ -1,0 +1,656 @@
+//! The receiver pipeline: plan a manifest against `--root`, then let data
+//! streams hand blocks to writer workers per device.
+//!
+//! [`ReceivePipeline::prepare`] validates every path ([`super::safepath`]),
+//! creates directories, and answers per file what is already there
+//! ([`super::partial`]). Each file is bound to one writer worker of its
+//! device group (round-robin), so a file's state has one owner and needs no
+//! lock. A worker creates `.NAME.longhaul-part`, preallocates it (fallocate;
+//! sparse files only get their size, so holes stay holes), `pwrite`s blocks
+//! at their offsets in whatever order they come, folds chunk hashes into an
+//! [`OrderedDigest`] and saves the verified offset in the sidecar as it
+//! grows. When every chunk is in and the sender's checksum has arrived, the
+//! checksums are compared; a match sets mode and mtime and renames the file
+//! into place, a mismatch is an error naming the file. A full disk is an
+//! error naming the file and keeps the partial data for resume.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::buffer::{AlignedBuf, BufferPool};
+use super::checksum::{chunk_count, chunk_hash, chunk_len, hash_prefix, FileDigest, OrderedDigest};
+use super::devices::{snapshot, DeviceGroup, DeviceMap};
+use super::partial::{self, Have, PartState};
+use super::safepath::{self, Dir, Root};
+use super::wire::{read_header, DiskReport, FileFailure, FrameKind, Manifest, ManifestEntry, Plan};
+use super::{DiskError, DiskOptions, CHUNK_SIZE, DIRECT_ALIGN};
+
+/// Save the sidecar each time the verified prefix grows by this much: a
+/// crash loses at most this much progress, and a 2 GiB file costs ~128
+/// small renames.
+const STATE_SAVE_BYTES: u64 = 16 << 20;
+
+/// A file the receiver expects blocks for.
+#[derive(Debug, Clone)]
+struct Expect {
+    entry: ManifestEntry,
+    /// Full wire path (dest joined), for messages and resolution.
+    path: String,
+    from: u64,
+    worker: usize,
+    group: usize,
+}
+
+enum Work {
+    Data {
+        file: u32,
+        offset: u64,
+        buf: AlignedBuf,
+    },
+    Hole {
+        file: u32,
+        offset: u64,
+        len: u64,
+    },
+    End {
+        file: u32,
+        checksum: u64,
+    },
+    Fail {
+        file: u32,
+        message: String,
+    },
+}
+
+#[derive(Default)]
+struct Totals {
+    files: u64,
+    file_bytes: u64,
+    failures: Vec<FileFailure>,
+    done: Vec<bool>,
+}
+
+struct Shared {
+    root: Root,
+    files: Vec<Option<Expect>>,
+    pool: Arc<BufferPool>,
+    groups: Vec<Arc<DeviceGroup>>,
+    totals: Mutex<Totals>,
+    written: AtomicU64,
+    direct: bool,
+}
+
+/// The running receiver pipeline; share it (Arc) with every data stream.
+pub struct ReceivePipeline {
+    shared: Arc<Shared>,
+    senders: Mutex<Vec<SyncSender<Work>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    dirs: Vec<(String, ManifestEntry)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn split_parent<'a>(comps: &'a [&'a str]) -> (&'a [&'a str], &'a str) {
+    let (name, parent) = comps
+        .split_last()
+        .expect("validated paths have a component");
+    (parent, name)
+}
+
+impl ReceivePipeline {
+    /// Plan `manifest` beneath `root`: refuse unsafe paths, create
+    /// directories, decide what to skip or resume, start writer workers.
+    pub fn prepare(
+        root: &Path,
+        manifest: &Manifest,
+        opts: &DiskOptions,
+    ) -> Result<(Arc<ReceivePipeline>, Plan), DiskError> {
+        if manifest.chunk_size != CHUNK_SIZE {
+            return Err(DiskError::Refused {
+                path: manifest.dest.clone(),
+                reason: format!(
+                    "chunk size {} (this receiver uses {CHUNK_SIZE})",
+                    manifest.chunk_size
+                ),
+            });
+        }
+        safepath::validate_dest(&manifest.dest)?;
+        let root = Root::open(root)?;
+        let mut map = DeviceMap::new(&opts.sysfs);
+        let mut plan = Plan::default();
+        let mut files: Vec<Option<Expect>> = vec![None; manifest.entries.len()];
+        let mut totals = Totals {
+            done: vec![true; manifest.entries.len()],
+            ..Totals::default()
+        };
+        let mut dirs = Vec::new();
+        let mut expected: Vec<Expect> = Vec::new();
+        for (i, e) in manifest.entries.iter().enumerate() {
+            if e.id as usize != i {
+                return Err(DiskError::Refused {
+                    path: e.path.clone(),
+                    reason: "manifest ids out of order".into(),
+                });
+            }
+            let path = safepath::join(&manifest.dest, &e.path);
+            let planned = (|| -> Result<Option<Expect>, DiskError> {
+                let comps = safepath::components(&path)?;
+                if e.dir {
+                    root.open_dir(&comps, true, &path)?;
+                    dirs.push((path.clone(), e.clone()));
+                    return Ok(None);
+                }
+                let (parent, name) = split_parent(&comps);
+                let dir = root.open_dir(parent, true, &path)?;
+                let have = if manifest.resume {
+                    partial::what_we_have(&dir, name, e)
+                        .map_err(|err| DiskError::from_io(path.clone(), err))?
+                } else {
+                    Have::Nothing
+                };
+                let from = match have {
+                    Have::Complete => {
+                        plan.skip.push(e.id);
+                        totals.files += 1;
+                        totals.file_bytes += e.size;
+                        return Ok(None);
+                    }
+                    Have::Partial(off) => {
+                        plan.resume.push((e.id, off));
+                        off
+                    }
+                    Have::Nothing => 0,
+                };
+                let dev = dir
+                    .dev()
+                    .map_err(|err| DiskError::from_io(path.clone(), err))?;
+                let group = map.group_of(dev);
+                Ok(Some(Expect {
+                    entry: e.clone(),
+                    path: path.clone(),
+                    from,
+                    worker: 0,
+                    group,
+                }))
+            })();
+            match planned {
+                Ok(Some(x)) => expected.push(x),
+                Ok(None) => {}
+                Err(err) => {
+                    let f = FileFailure::new(e.id, &path, &err);
+                    plan.refused.push(f.clone());
+                    totals.failures.push(f);
+                }
+            }
+        }
+        // Bind each file to a worker of its group, round-robin.
+        let per_device = opts.io_workers_per_device.max(1);
+        let ngroups = map.groups().len().max(1);
+        let mut dealt = vec![0usize; ngroups];
+        for x in &mut expected {
+            x.worker = x.group * per_device + dealt[x.group] % per_device;
+            dealt[x.group] += 1;
+            totals.done[x.entry.id as usize] = false;
+        }
+        for x in expected {
+            let id = x.entry.id as usize;
+            files[id] = Some(x);
+        }
+        let nworkers = ngroups * per_device;
+        let pool = Arc::new(BufferPool::new(super::reader::pool_buffers(
+            opts.streams,
+            nworkers,
+        )));
+        let shared = Arc::new(Shared {
+            root,
+            files,
+            pool: pool.clone(),
+            groups: map.groups().to_vec(),
+            totals: Mutex::new(totals),
+            written: AtomicU64::new(0),
+            direct: opts.direct,
+        });
+        let mut senders = Vec::new();
+        let mut handles = Vec::new();
+        for _ in 0..nworkers {
+            // Up to one block per stream queued per worker: a writer that
+            // is descheduled for a moment does not stall every stream at
+            // once. Memory stays bounded by the buffer pool either way.
+            let (tx, rx) = sync_channel::<Work>(opts.streams.max(4));
+            senders.push(tx);
+            let sh = shared.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name("lh-disk-write".into())
+                    .spawn(move || write_worker(rx, sh))
+                    .expect("spawn writer thread"),
+            );
+        }
+        let pipe = ReceivePipeline {
+            shared,
+            senders: Mutex::new(senders),
+            workers: Mutex::new(handles),
+            dirs,
+        };
+        Ok((Arc::new(pipe), plan))
+    }
+
+    /// Device groups and their live counters (for the stats API).
+    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+        &self.shared.groups
+    }
+
+    /// Payload bytes written so far.
+    pub fn written_bytes(&self) -> u64 {
+        self.shared.written.load(Ordering::Relaxed)
+    }
+
+    /// Read frames from one data stream until its `EndOfStream`, handing
+    /// blocks to the writers. `progress` sees every payload byte received.
+    /// A protocol violation is an `InvalidData` error.
+    pub fn drain<R: Read>(&self, r: &mut R, progress: &dyn Fn(u64)) -> io::Result<u64> {
+        let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
+        let mut got = 0;
+        loop {
+            let Some(h) = read_header(r)? else {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "data stream closed before its end marker",
+                ));
+            };
+            match h.kind {
+                FrameKind::EndOfStream => return Ok(got),
+                FrameKind::KeepAlive => continue,
+                _ => {}
+            }
+            let x = self
+                .shared
+                .files
+                .get(h.file as usize)
+                .and_then(|f| f.as_ref())
+                .ok_or_else(|| bad(format!("block for unexpected file id {}", h.file)))?;
+            let size = x.entry.size;
+            let work = match h.kind {
+                FrameKind::Data => {
+                    let index = h.offset / CHUNK_SIZE;
+                    if h.offset >= size || u64::from(h.len) != chunk_len(index, size) {
+                        return Err(bad(format!(
+                            "block at {} of {} bytes outside {}",
+                            h.offset, h.len, x.path
+                        )));
+                    }
+                    let Some(mut buf) = self.shared.pool.get() else {
+                        return Err(io::Error::other("receiver shutting down"));
+                    };
+                    if let Err(e) = r.read_exact(&mut buf.as_mut_full()[..h.len as usize]) {
+                        self.shared.pool.put(buf);
+                        return Err(e);
+                    }
+                    buf.set_len(h.len as usize);
+                    got += u64::from(h.len);
+                    progress(u64::from(h.len));
+                    Work::Data {
+                        file: h.file,
+                        offset: h.offset,
+                        buf,
+                    }
+                }
+                FrameKind::Hole => {
+                    match h.offset.checked_add(h.value) {
+                        Some(end) if end <= size => {}
+                        _ => return Err(bad(format!("hole outside {}", x.path))),
+                    }
+                    Work::Hole {
+                        file: h.file,
+                        offset: h.offset,
+                        len: h.value,
+                    }
+                }
+                FrameKind::End => Work::End {
+                    file: h.file,
+                    checksum: h.value,
+                },
+                FrameKind::Fail => {
+                    let mut msg = vec![0u8; h.len as usize];
+                    r.read_exact(&mut msg)?;
+                    Work::Fail {
+                        file: h.file,
+                        message: String::from_utf8_lossy(&msg).into_owned(),
+                    }
+                }
+                FrameKind::EndOfStream | FrameKind::KeepAlive => unreachable!("handled above"),
+            };
+            let tx = lock(&self.senders).get(x.worker).cloned();
+            match tx {
+                Some(tx) if tx.send(work).is_ok() => {}
+                _ => return Err(io::Error::other("receiver shutting down")),
+            }
+        }
+    }
+
+    /// Stop: unblock streams waiting for buffers. Partial files keep their
+    /// sidecars for resume.
+    pub fn abort(&self) {
+        self.shared.pool.close();
+    }
+
+    /// After every stream ended (or failed): stop the writers, name every
+    /// file that did not complete, apply directory metadata, and report.
+    pub fn finish(&self) -> DiskReport {
+        lock(&self.senders).clear();
+        let handles: Vec<_> = std::mem::take(&mut *lock(&self.workers));
+        for h in handles {
+            let _ = h.join();
+        }
+        // Directories last, deepest first: writing into them moved mtimes.
+        for (path, e) in self.dirs.iter().rev() {
+            if let Ok(comps) = safepath::components(path) {
+                if let Ok(d) = self.shared.root.open_dir(&comps, false, path) {
+                    let _ = d.set_meta(e.mode, (e.mtime_sec, e.mtime_nsec));
+                }
+            }
+        }
+        let mut t = lock(&self.shared.totals);
+        let missing: Vec<FileFailure> = t
+            .done
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !**d)
+            .filter_map(|(i, _)| self.shared.files[i].as_ref())
+            .filter(|x| !t.failures.iter().any(|f| f.id == x.entry.id))
+            .map(|x| FileFailure {
+                id: x.entry.id,
+                path: x.path.clone(),
+                code: "incomplete".into(),
+                error: format!("incomplete: the transfer ended before all of {} arrived (partial data kept for resume)", x.path),
+            })
+            .collect();
+        t.failures.extend(missing);
+        t.failures.sort_by_key(|f| f.id);
+        DiskReport {
+            files: t.files,
+            file_bytes: t.file_bytes,
+            written_bytes: self.written_bytes(),
+            failures: t.failures.clone(),
+            devices: snapshot(&self.shared.groups),
+        }
+    }
+}
+
+/// A file being written by a worker.
+struct Open {
+    dir: Dir,
+    name: String,
+    file: File,
+    direct: Option<File>,
+    digest: OrderedDigest,
+    end: Option<u64>,
+    saved: u64,
+}
+
+fn write_worker(rx: Receiver<Work>, sh: Arc<Shared>) {
+    let mut open: std::collections::HashMap<u32, Open> = std::collections::HashMap::new();
+    // Files that failed or completed: any later frame for them is dropped
+    // (a confused or hostile sender cannot reopen a finished file).
+    let mut closed: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    for work in rx {
+        let id = match &work {
+            Work::Data { file, .. }
+            | Work::Hole { file, .. }
+            | Work::End { file, .. }
+            | Work::Fail { file, .. } => *file,
+        };
+        let x = sh.files[id as usize]
+            .as_ref()
+            .expect("drain checked the id");
+        if closed.contains(&id) {
+            if let Work::Data { buf, .. } = work {
+                sh.pool.put(buf);
+            }
+            continue;
+        }
+        if let Work::Fail { message, .. } = work {
+            if let Some(o) = open.remove(&id) {
+                save(&o, x);
+            }
+            let (code, msg) = message.split_once('\t').unwrap_or(("source", &message));
+            fail(&sh, x, code, msg.to_string());
+            closed.insert(id);
+            continue;
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = open.entry(id) {
+            match open_part(&sh, x) {
+                Ok(o) => {
+                    slot.insert(o);
+                }
+                Err(e) => {
+                    if let Work::Data { buf, .. } = work {
+                        sh.pool.put(buf);
+                    }
+                    fail(&sh, x, e.code(), e.to_string());
+                    closed.insert(id);
+                    continue;
+                }
+            }
+        }
+        let o = open.get_mut(&id).expect("opened above");
+        let r = apply(&sh, x, o, work);
+        let r = r.and_then(|()| {
+            if o.digest.complete() && o.end.is_some() {
+                complete(x, o).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        });
+        match r {
+            Ok(true) => {
+                open.remove(&id);
+                closed.insert(id);
+                let mut t = lock(&sh.totals);
+                t.files += 1;
+                t.file_bytes += x.entry.size;
+                t.done[id as usize] = true;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                if let Some(o) = open.remove(&id) {
+                    if matches!(e, DiskError::ChecksumMismatch { .. }) {
+                        let _ = partial::discard(&o.dir, &o.name);
+                    } else {
+                        save(&o, x);
+                    }
+                }
+                fail(&sh, x, e.code(), e.to_string());
+                closed.insert(id);
+            }
+        }
+    }
+    // Streams are done: keep what arrived for resume.
+    for (id, o) in open {
+        if let Some(x) = sh.files[id as usize].as_ref() {
+            save(&o, x);
+        }
+    }
+}
+
+fn fail(sh: &Shared, x: &Expect, code: &str, error: String) {
+    lock(&sh.totals).failures.push(FileFailure {
+        id: x.entry.id,
+        path: x.path.clone(),
+        code: code.to_string(),
+        error,
+    });
+}
+
+fn save(o: &Open, x: &Expect) {
+    let _ = partial::save_state(
+        &o.dir,
+        &o.name,
+        &PartState::for_entry(&x.entry, o.digest.verified_offset()),
+    );
+}
+
+/// Warn once per process that O_DIRECT was refused.
+static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
+
+fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
+    let io = |e: io::Error| DiskError::from_io(x.path.clone(), e);
+    let comps = safepath::components(&x.path)?;
+    let (parent, name) = split_parent(&comps);
+    let dir = sh.root.open_dir(parent, true, &x.path)?;
+    let part = partial::part_name(name);
+    let size = x.entry.size;
+    let file = dir
+        .open_file(&part, libc::O_RDWR | libc::O_CREAT, 0o600)
+        .map_err(io)?;
+    let mut digest = OrderedDigest::new(size);
+    if x.from == 0 {
+        file.set_len(0).map_err(io)?;
+        if x.entry.sparse {
+            file.set_len(size).map_err(io)?;
+        } else {
+            preallocate(&file, size).map_err(io)?;
+        }
+    } else {
+        file.set_len(size).map_err(io)?;
+        let Some(mut buf) = sh.pool.get() else {
+            return Err(DiskError::Io {
+                path: x.path.clone(),
+                source: io::Error::other("receiver shutting down"),
+            });
+        };
+        let mut d = FileDigest::default();
+        let chunks = (x.from / CHUNK_SIZE).min(chunk_count(size));
+        let r = hash_prefix(&file, size, chunks, true, buf.as_mut_full(), &mut d);
+        sh.pool.put(buf);
+        r.map_err(io)?;
+        digest = OrderedDigest::resume(size, chunks, d);
+    }
+    let direct = if sh.direct {
+        open_direct(&dir, &part)
+    } else {
+        None
+    };
+    Ok(Open {
+        dir,
+        name: name.to_string(),
+        file,
+        direct,
+        digest,
+        end: None,
+        saved: x.from,
+    })
+}
+
+fn open_direct(dir: &Dir, part: &str) -> Option<File> {
+    match dir.open_file(part, libc::O_WRONLY | libc::O_DIRECT, 0) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            if !DIRECT_WARNED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "longhaul: warning: O_DIRECT refused for writing ({e}); using buffered IO"
+                );
+            }
+            None
+        }
+    }
+}
+
+/// fallocate the whole file; file systems without it just get the size.
+fn preallocate(file: &File, size: u64) -> io::Result<()> {
+    if size == 0 {
+        return Ok(());
+    }
+    // SAFETY: valid descriptor, no memory passed.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(size),
+        _ => Err(e),
+    }
+}
+
+fn write_all_at(f: &File, mut data: &[u8], mut off: u64) -> io::Result<()> {
+    while !data.is_empty() {
+        match f.write_at(data, off) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                data = &data[n..];
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn apply(sh: &Shared, x: &Expect, o: &mut Open, work: Work) -> Result<(), DiskError> {
+    match work {
+        Work::Data { offset, buf, .. } => {
+            let data = buf.as_slice();
+            let aligned = data.len() % DIRECT_ALIGN == 0;
+            let target = match &o.direct {
+                Some(d) if aligned => d,
+                _ => &o.file,
+            };
+            let r = if offset < x.from {
+                Ok(())
+            } else {
+                write_all_at(target, data, offset)
+            };
+            let hash = chunk_hash(data);
+            let n = data.len() as u64;
+            sh.pool.put(buf);
+            r.map_err(|e| DiskError::from_io(x.path.clone(), e))?;
+            sh.written.fetch_add(n, Ordering::Relaxed);
+            sh.groups[x.group].add_written(n);
+            o.digest.data(offset / CHUNK_SIZE, hash);
+        }
+        Work::Hole { offset, len, .. } => {
+            let first = offset / CHUNK_SIZE;
+            let count = chunk_count(offset + len) - first;
+            o.digest.zeros(first, count);
+        }
+        Work::End { checksum, .. } => o.end = Some(checksum),
+        Work::Fail { .. } => unreachable!("handled by the worker"),
+    }
+    let v = o.digest.verified_offset();
+    if v >= o.saved + STATE_SAVE_BYTES && v < x.entry.size {
+        o.saved = v;
+        save(o, x);
+    }
+    Ok(())
+}
+
+fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
+    let io = |e: io::Error| DiskError::from_io(x.path.clone(), e);
+    if Some(o.digest.finish()) != o.end {
+        return Err(DiskError::ChecksumMismatch {
+            path: x.path.clone(),
+        });
+    }
+    // SAFETY: valid descriptor.
+    if unsafe { libc::fchmod(o.file.as_raw_fd(), x.entry.mode as libc::mode_t) } != 0 {
+        return Err(io(io::Error::last_os_error()));
+    }
+    safepath::set_mtime_fd(o.file.as_raw_fd(), (x.entry.mtime_sec, x.entry.mtime_nsec))
+        .map_err(io)?;
+    o.dir
+        .rename(&partial::part_name(&o.name), &o.name)
+        .map_err(io)?;
+    o.dir.unlink(&partial::state_name(&o.name)).map_err(io)?;
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! The server's list of sessions, as the stats API shows them.
+//!
+//! Sessions register when their handshake starts and stay visible for
+//! [`FINISHED_RETENTION`] after they end, so a scrape right after a session
+//! still sees its final counters. Stream counters are the workers' own
+//! atomics ([`StreamStats`]), so the API always reads live values.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use longhaul_stats_api as api;
+
+use crate::messages::{Direction, Mode, Role};
+use crate::stream::StreamStats;
+
+/// How long finished and failed sessions stay in the snapshot: longer than
+/// any sane scrape interval (Prometheus defaults to 15 s, we allow 4 scrapes).
+pub const FINISHED_RETENTION: Duration = Duration::from_secs(60);
+
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// One session as the stats API sees it.
+#[derive(Debug)]
+pub struct SessionEntry {
+    pub id: String,
+    pub peer: String,
+    pub started_unix: f64,
+    inner: Mutex<EntryState>,
+}
+
+#[derive(Debug)]
+struct EntryState {
+    mode: api::Mode,
+    direction: api::Direction,
+    state: api::State,
+    ended: Option<Instant>,
+    streams: Vec<Arc<StreamStats>>,
+    /// Disk mode: the session's device groups and their live counters.
+    devices: Vec<Arc<crate::disk::devices::DeviceGroup>>,
+}
+
+impl SessionEntry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, EntryState> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The client asked for a session: record mode and direction (server's
+    /// view: a client that sends makes the server receive).
+    pub fn set_request(&self, mode: Mode, client_direction: Direction) {
+        let mut s = self.lock();
+        s.mode = match mode {
+            Mode::Memory => api::Mode::Memory,
+            Mode::Disk => api::Mode::Disk,
+        };
+        s.direction = match client_direction {
+            Direction::Send => api::Direction::Receive,
+            Direction::Receive => api::Direction::Send,
+            Direction::Bidir => api::Direction::Bidir,
+        };
+    }
+
+    pub fn set_running(&self, streams: Vec<Arc<StreamStats>>) {
+        let mut s = self.lock();
+        s.state = api::State::Running;
+        s.streams = streams;
+    }
+
+    pub fn set_devices(&self, devices: Vec<Arc<crate::disk::devices::DeviceGroup>>) {
+        self.lock().devices = devices;
+    }
+
+    pub fn state(&self) -> api::State {
+        self.lock().state
+    }
+
+    fn to_api(&self) -> api::Session {
+        let s = self.lock();
+        let mut sent = 0;
+        let mut received = 0;
+        let streams = s
+            .streams
+            .iter()
+            .map(|st| {
+                let bytes = st.bytes();
+                let direction = match st.role {
+                    Role::Send => {
+                        sent += bytes;
+                        api::Direction::Send
+                    }
+                    Role::Receive => {
+                        received += bytes;
+                        api::Direction::Receive
+                    }
+                };
+                api::Stream {
+                    id: st.id,
+                    direction,
+                    bytes,
+                    tcp: st.last_tcp(),
+                }
+            })
+            .collect();
+        api::Session {
+            id: self.id.clone(),
+            peer: self.peer.clone(),
+            mode: s.mode,
+            direction: s.direction,
+            state: s.state,
+            started_unix: self.started_unix,
+            bytes_sent: sent,
+            bytes_received: received,
+            streams,
+            devices: s.devices.iter().map(|g| g.snapshot()).collect(),
+        }
+    }
+}
+
+/// All sessions of one server.
+#[derive(Debug)]
+pub struct Registry {
+    started_unix: f64,
+    sessions: Mutex<Vec<Arc<SessionEntry>>>,
+    total: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry {
+            started_unix: unix_now(),
+            sessions: Mutex::new(Vec::new()),
+            total: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a session in the handshake state.
+    pub fn add(&self, id: String, peer: String) -> Arc<SessionEntry> {
+        let entry = Arc::new(SessionEntry {
+            id,
+            peer,
+            started_unix: unix_now(),
+            inner: Mutex::new(EntryState {
+                mode: api::Mode::Memory,
+                direction: api::Direction::Receive,
+                state: api::State::Handshake,
+                ended: None,
+                streams: Vec::new(),
+                devices: Vec::new(),
+            }),
+        });
+        self.total.fetch_add(1, Ordering::Relaxed);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(entry.clone());
+        entry
+    }
+
+    /// Marks a session finished or failed; it stays visible for a while.
+    pub fn finish(&self, entry: &SessionEntry, ok: bool) {
+        let mut s = entry.lock();
+        s.state = if ok {
+            api::State::Finished
+        } else {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            api::State::Failed
+        };
+        s.ended = Some(Instant::now());
+        for st in &s.streams {
+            st.sample();
+        }
+    }
+
+    /// Samples TCP_INFO of every running session's streams.
+    pub fn sample_running(&self) {
+        for e in self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let s = e.lock();
+            if s.state == api::State::Running {
+                for st in &s.streams {
+                    st.sample();
+                }
+            }
+        }
+    }
+
+    /// The stats API answer; drops sessions past their retention.
+    pub fn snapshot(&self) -> api::Snapshot {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions
+            .retain(|e| !matches!(e.lock().ended, Some(t) if t.elapsed() >= FINISHED_RETENTION));
+        api::Snapshot {
+            version: api::API_VERSION,
+            engine: api::EngineInfo {
+                version: crate::SOFTWARE_VERSION.to_string(),
+                pid: std::process::id(),
+                started_unix: self.started_unix,
+                sessions_total: self.total.load(Ordering::Relaxed),
+                sessions_failed_total: self.failed.load(Ordering::Relaxed),
+            },
+            sessions: sessions.iter().map(|e| e.to_api()).collect(),
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! What both ends of a session share: the named timeouts and limits, the
+//! stream layout (which stream carries which direction, how many bytes), the
+//! data phase loop, and the end-of-session check that both ends agree on
+//! every stream's byte count.
+
+use std::net::TcpStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::connection::Connection;
+use crate::cpu::CpuSnapshot;
+use crate::datapath::{DataPlane, Limit, SendBudget};
+use crate::error::{Error, Result};
+use crate::messages::{Direction, Done, Message, Role, SessionRequest, StreamReport};
+use crate::pacer::Pacer;
+use crate::sockopt;
+use crate::stream::{self, StreamStats, Work};
+
+/// Connecting to the server. A WAN path answers a SYN within a few RTTs;
+/// 10 s covers slow paths and a busy server's accept queue.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Each handshake step (and the first bytes of any new connection). Long
+/// enough for a 200 ms RTT path under load, short enough that a half-open
+/// connection frees its slot quickly.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// From `SessionAccepted` until every data connection has attached and the
+/// client said `Start`. 1024 connections over a long path take a while.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A data socket with no progress for this long is dead (SO_RCVTIMEO and
+/// SO_SNDTIMEO). TCP's own retransmission timeout gives up after ~15 min;
+/// a test campaign wants to know much sooner.
+pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// After the data phase: waiting for the receiver to close and for the
+/// peer's `Done`. The peer only has to finish draining its buffers.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Streams per direction. Beyond ~1000 sockets per session the gain is nil
+/// and we would run into file descriptor limits.
+pub const MAX_STREAMS: u32 = 1024;
+
+/// Largest SO_SNDBUF/SO_RCVBUF we ask for (the kernel caps lower anyway).
+pub const MAX_BUFFER: u64 = 1 << 30;
+
+/// Default socket buffer: the FDT campaigns' 2 MB.
+pub const DEFAULT_BUFFER: u64 = 2 << 20;
+
+/// Default duration of a memory-to-memory run, as iperf3.
+pub const DEFAULT_SECONDS: f64 = 10.0;
+
+/// Which end of the session we are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Server,
+}
+
+/// Everything that happens to a session, delivered over one channel so the
+/// session thread waits in one place.
+pub enum Event {
+    /// A message (or failure) from the control connection's reader thread.
+    Control(Result<Message>),
+    /// A data connection passed its attach check (server only).
+    Attached { stream_id: u32, socket: TcpStream },
+    /// A stream worker finished.
+    Worker { id: u32, result: Result<u64> },
+}
+
+/// Number of data connections of a session.
+pub fn total_streams(req: &SessionRequest) -> u32 {
+    match req.direction {
+        Direction::Bidir => req.streams * 2,
+        _ => req.streams,
+    }
+}
+
+/// Whether the client sends on `stream_id`. In bidir sessions streams
+/// 0..N carry client -> server and N..2N server -> client.
+pub fn client_sends(req: &SessionRequest, stream_id: u32) -> bool {
+    match req.direction {
+        Direction::Send => true,
+        Direction::Receive => false,
+        Direction::Bidir => stream_id < req.streams,
+    }
+}
+
+/// What `side` does on `stream_id`.
+pub fn role(req: &SessionRequest, side: Side, stream_id: u32) -> Role {
+    match (side, client_sends(req, stream_id)) {
+        (Side::Client, true) | (Side::Server, false) => Role::Send,
+        _ => Role::Receive,
+    }
+}
+
+/// Exact bytes of `stream_id` with `--bytes`: the per-direction total split
+/// evenly, the remainder going to the first streams.
+pub fn stream_bytes(req: &SessionRequest, stream_id: u32) -> Option<u64> {
+    let total = req.bytes?;
+    let n = req.streams as u64;
+    let j = (stream_id % req.streams) as u64;
+    Some(total / n + u64::from(j < total % n))
+}
+
+/// Checks a request on either end; usage errors name the problem.
+pub fn validate(req: &SessionRequest) -> Result<()> {
+    if req.streams == 0 || req.streams > MAX_STREAMS {
+        return Err(Error::Usage(format!(
+            "--streams must be between 1 and {MAX_STREAMS}, got {}",
+            req.streams
+        )));
+    }
+    if req.buffer == 0 || req.buffer > MAX_BUFFER {
+        return Err(Error::Usage(format!(
+            "--buffer must be between 1 and {MAX_BUFFER} bytes, got {}",
+            req.buffer
+        )));
+    }
+    match (req.bytes, req.seconds) {
+        (Some(_), None) => {}
+        (None, Some(s)) if s > 0.0 && s.is_finite() => {}
+        _ => {
+            return Err(Error::Usage(
+                "exactly one of --bytes or --time must be given".into(),
+            ))
+        }
+    }
+    if let Some(cc) = &req.cc {
+        sockopt::check_cc(cc)?;
+    }
+    Ok(())
+}
+
+/// Applies the session's socket options to a data socket. Returns the
+/// kernel's warning about capped buffers, if any.
+pub fn configure_data_socket(
+    sock: &TcpStream,
+    req: &SessionRequest,
+    sends: bool,
+) -> Result<Option<String>> {
+    let warning = sockopt::set_buffers(sock, req.buffer)?;
+    if let Some(cc) = &req.cc {
+        sockopt::set_cc(sock, cc)?;
+    }
+    if let (Some(rate), true) = (req.rate_bps, sends) {
+        let per_stream = (rate / 8 / req.streams as u64).max(1);
+        sockopt::set_max_pacing_rate(sock, per_stream)?;
+    }
+    let set = sock
+        .set_read_timeout(Some(DATA_IDLE_TIMEOUT))
+        .and_then(|_| sock.set_write_timeout(Some(DATA_IDLE_TIMEOUT)));
+    set.map_err(|e| Error::io("setting data socket timeouts", e))?;
+    Ok(warning)
+}
+
+/// Builds the stats of this end's streams from the attached sockets
+/// (indexed by stream id).
+pub fn stream_stats(
+    req: &SessionRequest,
+    side: Side,
+    sockets: Vec<TcpStream>,
+) -> Vec<Arc<StreamStats>> {
+    sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| Arc::new(StreamStats::new(i as u32, role(req, side, i as u32), s)))
+        .collect()
+}
+
+/// Both ends' `Done` plus this end's view of the data phase.
+#[derive(Debug)]
+pub struct PhaseOutcome {
+    pub local: Done,
+    pub remote: Done,
+}
+
+/// Runs the data phase on one end: starts a worker per stream, samples
+/// TCP_INFO every `tick_every` (calling `tick` with the elapsed time), sends
+/// our `Done` once our workers are finished, waits for the peer's, and checks
+/// that both ends agree. On any failure every stream is aborted and the peer
+/// is told why.
+#[allow(clippy::too_many_arguments)]
+pub fn run_data_phase(
+    req: &SessionRequest,
+    plane: &dyn DataPlane,
+    streams: &[Arc<StreamStats>],
+    control: &mut Connection,
+    events: &Receiver<Event>,
+    events_tx: &Sender<Event>,
+    tick_every: Duration,
+    tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
+) -> Result<PhaseOutcome> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let cpu_start = CpuSnapshot::now();
+    let result = data_phase_inner(
+        req, plane, streams, control, events, events_tx, tick_every, tick, &stop, start, cpu_start,
+    );
+    if let Err(e) = &result {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in streams {
+            s.abort();
+        }
+        // Harmless if the peer is the one that failed: it is gone already.
+        control.send_error(e);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn data_phase_inner(
+    req: &SessionRequest,
+    plane: &dyn DataPlane,
+    streams: &[Arc<StreamStats>],
+    control: &mut Connection,
+    events: &Receiver<Event>,
+    events_tx: &Sender<Event>,
+    tick_every: Duration,
+    tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
+    stop: &Arc<AtomicBool>,
+    start: Instant,
+    cpu_start: CpuSnapshot,
+) -> Result<PhaseOutcome> {
+    let limit_for = |id: u32| match stream_bytes(req, id) {
+        Some(b) => Limit::Bytes(b),
+        None => Limit::Until(start + Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
+    };
+    let pacer = req.rate_bps.map(|r| Arc::new(Pacer::new(r)));
+    for s in streams {
+        let work = match s.role {
+            Role::Send => Work::Send(
+                plane.source(s.id)?,
+                SendBudget {
+                    limit: limit_for(s.id),
+                    pacer: pacer.clone(),
+                    stop: stop.clone(),
+                },
+            ),
+            Role::Receive => Work::Receive(plane.sink(s.id)?),
+        };
+        stream::spawn(s.clone(), work, events_tx.clone())?;
+    }
+
+    let mut pending = streams.len();
+    let mut local: Option<Done> = None;
+    let mut remote: Option<Done> = None;
+    let mut next_tick = start + tick_every;
+    // Once our workers are done the peer has SHUTDOWN_TIMEOUT to report.
+    let mut give_up: Option<Instant> = None;
+    while local.is_none() || remote.is_none() {
+        let now = Instant::now();
+        if let Some(t) = give_up {
+            if now >= t {
+                return Err(Error::Timeout(
+                    "the peer did not report its totals after the data phase".into(),
+                ));
+            }
+        }
+        let wait = next_tick.saturating_duration_since(now);
+        match events.recv_timeout(wait) {
+            Ok(Event::Worker { result: Ok(_), .. }) => {
+                pending -= 1;
+                if pending == 0 {
+                    let done = Done {
+                        streams: streams.iter().map(|s| s.report()).collect(),
+                        cpu: cpu_start.report_until(&CpuSnapshot::now()),
+                        seconds: start.elapsed().as_secs_f64(),
+                        mode_summary: plane.summary()?,
+                    };
+                    control.send(&Message::Done(Box::new(done.clone())))?;
+                    local = Some(done);
+                    give_up = Some(Instant::now() + SHUTDOWN_TIMEOUT);
+                }
+            }
+            Ok(Event::Worker { result: Err(e), .. }) => return Err(e),
+            Ok(Event::Control(Ok(Message::Done(d)))) => remote = Some(*d),
+            Ok(Event::Control(Ok(Message::ModeData(_)))) => {}
+            Ok(Event::Control(Ok(other))) => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {:?} message during the data phase",
+                    other.kind()
+                )))
+            }
+            Ok(Event::Control(Err(e))) => return Err(e),
+            Ok(Event::Attached { .. }) => {} // a late duplicate; dropping it closes it
+            Err(RecvTimeoutError::Timeout) => {
+                for s in streams {
+                    s.sample();
+                }
+                tick(streams, start.elapsed());
+                next_tick += tick_every;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(Error::PeerAborted("session channel closed".into()))
+            }
+        }
+    }
+    let (local, remote) = (
+        local.expect("loop ends with both"),
+        remote.expect("loop ends with both"),
+    );
+    verify_totals(req, &local.streams, &remote.streams)?;
+    Ok(PhaseOutcome { local, remote })
+}
+
+/// Checks that for every stream the receiver got exactly what the sender
+/// sent (and, with `--bytes`, exactly the stream's share).
+pub fn verify_totals(
+    req: &SessionRequest,
+    local: &[StreamReport],
+    remote: &[StreamReport],
+) -> Result<()> {
+    let n = total_streams(req) as usize;
+    if local.len() != n || remote.len() != n {
+        return Err(Error::Protocol(format!(
+            "expected {n} stream reports, got {} here and {} from the peer",
+            local.len(),
+            remote.len()
+        )));
+    }
+    for (a, b) in local.iter().zip(remote) {
+        let (sent, received) = match a.role {
+            Role::Send => (a.bytes, b.bytes),
+            Role::Receive => (b.bytes, a.bytes),
+        };
+        if sent != received {
+            return Err(Error::PeerAborted(format!(
+                "stream {}: {sent} bytes sent but {received} received",
+                a.id
+            )));
+        }
+        if let Some(want) = stream_bytes(req, a.id) {
+            if received != want {
+                return Err(Error::PeerAborted(format!(
+                    "stream {}: moved {received} bytes, expected {want}",
+                    a.id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::Mode;
+
+    fn req(direction: Direction, streams: u32, bytes: Option<u64>) -> SessionRequest {
+        SessionRequest {
+            mode: Mode::Memory,
+            direction,
+            streams,
+            bytes,
+            seconds: bytes.is_none().then_some(1.0),
+            buffer: DEFAULT_BUFFER,
+            cc: None,
+            rate_bps: None,
+            mode_params: None,
+        }
+    }
+
+    #[test]
+    fn bytes_split_exactly() {
+        let r = req(Direction::Send, 35, Some(10_000_001));
+        let sum: u64 = (0..35).map(|i| stream_bytes(&r, i).unwrap()).sum();
+        assert_eq!(sum, 10_000_001);
+        let b = req(Direction::Bidir, 4, Some(10));
+        let sum: u64 = (0..8).map(|i| stream_bytes(&b, i).unwrap()).sum();
+        assert_eq!(sum, 20);
+    }
+
+    #[test]
+    fn bidir_layout() {
+        let b = req(Direction::Bidir, 3, None);
+        assert_eq!(total_streams(&b), 6);
+        assert_eq!(role(&b, Side::Client, 0), Role::Send);
+        assert_eq!(role(&b, Side::Client, 3), Role::Receive);
+        assert_eq!(role(&b, Side::Server, 3), Role::Send);
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        assert!(validate(&req(Direction::Send, 0, None)).is_err());
+        assert!(validate(&req(Direction::Send, 1025, None)).is_err());
+        assert!(validate(&req(Direction::Send, 1024, None)).is_ok());
+    }
+}

@@ -1,0 +1,200 @@
+//! Socket options of data streams and TCP_INFO sampling.
+//!
+//! Thin, checked wrappers over setsockopt/getsockopt. Buffer sizes are read
+//! back because Linux silently caps them at net.core.wmem_max/rmem_max (the
+//! lesson of Solaris' tcp_max_buf: a transfer tuned for 2 MB windows that
+//! runs with 208 KB ones is slow for no visible reason).
+
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+use longhaul_stats_api::TcpInfo;
+
+use crate::error::{Error, Result};
+
+/// SO_MAX_PACING_RATE (asm-generic/socket.h); not exported by every libc
+/// version we build against.
+const SO_MAX_PACING_RATE: libc::c_int = 47;
+
+/// Where the kernel lists the congestion control algorithms it has.
+pub const AVAILABLE_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+
+fn setsockopt<T>(sock: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::io::Result<()> {
+    // SAFETY: `value` points to a live T and we pass its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn getsockopt_int(sock: &impl AsRawFd, level: i32, name: i32) -> std::io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: value/len describe a c_int owned by this frame.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Sets SO_SNDBUF and SO_RCVBUF to `bytes`. Returns a warning when the kernel
+/// capped either (it reports twice the usable size; we compare halves).
+pub fn set_buffers(sock: &TcpStream, bytes: u64) -> Result<Option<String>> {
+    let want = bytes.min(i32::MAX as u64) as libc::c_int;
+    let mut capped = Vec::new();
+    for (name, opt, sysctl) in [
+        ("SO_SNDBUF", libc::SO_SNDBUF, "net.core.wmem_max"),
+        ("SO_RCVBUF", libc::SO_RCVBUF, "net.core.rmem_max"),
+    ] {
+        setsockopt(sock, libc::SOL_SOCKET, opt, &want)
+            .map_err(|e| Error::io(format!("setting {name}"), e))?;
+        let got = getsockopt_int(sock, libc::SOL_SOCKET, opt)
+            .map_err(|e| Error::io(format!("reading {name}"), e))?;
+        if (got / 2) < want {
+            capped.push(format!(
+                "{name} capped at {} bytes (asked {want}); raise {sysctl}",
+                got / 2
+            ));
+        }
+    }
+    Ok((!capped.is_empty()).then(|| format!("warning: {}", capped.join("; "))))
+}
+
+/// The kernel's available congestion control algorithms.
+pub fn available_cc() -> Vec<String> {
+    std::fs::read_to_string(AVAILABLE_CC_PATH)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Error unless `alg` is one of the kernel's available algorithms.
+pub fn check_cc(alg: &str) -> Result<()> {
+    let available = available_cc();
+    if available.is_empty() || available.iter().any(|a| a == alg) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(format!(
+            "unknown congestion control '{alg}'; available ({AVAILABLE_CC_PATH}): {}",
+            available.join(" ")
+        )))
+    }
+}
+
+/// Sets TCP_CONGESTION.
+pub fn set_cc(sock: &TcpStream, alg: &str) -> Result<()> {
+    let name = alg.as_bytes();
+    // SAFETY: name points to alg's bytes and we pass its length.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    Err(Error::Unsupported(format!(
+        "cannot set congestion control '{alg}' ({err}); available ({AVAILABLE_CC_PATH}): {}",
+        available_cc().join(" ")
+    )))
+}
+
+/// Sets SO_MAX_PACING_RATE in bytes per second. TCP paces by itself when no
+/// fq qdisc is present (since Linux 4.13), so this works on our kernels too.
+pub fn set_max_pacing_rate(sock: &TcpStream, bytes_per_second: u64) -> Result<()> {
+    setsockopt(
+        sock,
+        libc::SOL_SOCKET,
+        SO_MAX_PACING_RATE,
+        &bytes_per_second,
+    )
+    .map_err(|e| Error::io("setting SO_MAX_PACING_RATE", e))
+}
+
+/// Bytes of `struct tcp_info` we read: up to and including
+/// tcpi_delivery_rate (offset 160, 8 bytes).
+const TCP_INFO_LEN: usize = 168;
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_ne_bytes(a)
+}
+
+/// Samples TCP_INFO. Offsets follow `struct tcp_info` in linux/tcp.h (a
+/// stable ABI: fields are only ever appended). Returns `None` if the socket
+/// is gone or the kernel is too old to report the fields we use.
+pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
+    let mut buf = [0u8; 256];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: buf/len describe a local buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || (len as usize) < TCP_INFO_LEN {
+        return None;
+    }
+    let snd_mss = u32_at(&buf, 16) as u64;
+    let snd_cwnd = u32_at(&buf, 80) as u64;
+    Some(TcpInfo {
+        rtt_us: u32_at(&buf, 68),
+        rttvar_us: u32_at(&buf, 72),
+        cwnd_bytes: snd_cwnd * snd_mss,
+        retransmits: u32_at(&buf, 100) as u64,
+        pacing_rate_bps: u64_at(&buf, 104).saturating_mul(8),
+        delivery_rate_bps: u64_at(&buf, 160).saturating_mul(8),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn tcp_info_of_a_loopback_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let _s = l.accept().unwrap();
+        let info = tcp_info(&c).expect("TCP_INFO");
+        assert!(info.cwnd_bytes > 0);
+        assert!(set_buffers(&c, 64 << 10).unwrap().is_none());
+        assert!(set_cc(&c, "no-such-cc").is_err());
+    }
+}
