@@ -18,7 +18,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export LONGHAUL_DIST ?= $(CURDIR)/dist
 
 STAGE := scripts/stage
-BINARIES := longhaul longhaul-exporter
+BINARIES := longhaul longhaul-exporter longhaul-delay
 
 .PHONY: help setup build lint test test-rust test-integration test-roles bench demo demo-down clean
 
