@@ -22,6 +22,11 @@ usage:
                 [--time SECS | --bytes SIZE] [--bidir] [--reverse] [--interval SECS]
                 [--json] [--token-file F] [PATH...] [--dest DIR]
                 [--io-workers-per-device N] [--direct] [--follow-symlinks] [--no-resume]
+  longhaul sweep --to HOST:PORT [--streams LIST] [--buffer LIST] [--messages LIST]
+                 [--time SECS] [--load N] [--out DIR] [--json] [--token-file F] [--cc ALG]
+  longhaul advise --to HOST:PORT [--rate RATE] [--pings N] [--json] [--token-file F]
+  longhaul report RESULTS_DIR [--out FILE] [--title TEXT]
+                  [--prometheus URL --from T --to T [--step SECS]]
 
 SIZE: bytes with K, M, G suffix (binary), e.g. 2M. RATE: bits/s with K, M, G suffix, e.g. 5G.
 Exit codes: 0 success, 1 transfer failed, 2 usage error.";
@@ -31,6 +36,8 @@ Exit codes: 0 success, 1 transfer failed, 2 usage error.";
 pub enum Command {
     Serve(ServeOptions),
     Send(SendOptions),
+    /// `sweep`, `advise` and `report` ([`crate::science`]).
+    Science(crate::science::Command),
     /// Hidden: prints single-core memcpy bandwidth (bytes/s) for the bench.
     MemcpyBench,
     Help,
@@ -87,6 +94,9 @@ pub fn parse(argv: Vec<String>) -> Result<Command> {
     if rest.iter().any(|a| a == "-h" || a == "--help") {
         return Ok(Command::Help);
     }
+    if matches!(sub.as_str(), "sweep" | "advise" | "report") {
+        return crate::science::args::parse(&sub, rest).map(Command::Science);
+    }
     let mut args = Args {
         items: rest.into_iter(),
         pending_value: None,
@@ -98,7 +108,7 @@ pub fn parse(argv: Vec<String>) -> Result<Command> {
         "-h" | "--help" | "help" => Ok(Command::Help),
         "-V" | "--version" => Ok(Command::Version),
         other => Err(usage(format!(
-            "unknown subcommand '{other}' (expected serve or send)"
+            "unknown subcommand '{other}' (expected serve, send, sweep, advise or report)"
         ))),
     }
 }

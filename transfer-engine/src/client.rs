@@ -95,12 +95,16 @@ fn expect_kind(got: Message, want: &str) -> Error {
     Error::Protocol(format!("expected {want}, got {:?}", got.kind()))
 }
 
-fn handshake(
-    conn: &mut Connection,
-    req: &SessionRequest,
-    token: Option<&Token>,
-    plane: &dyn crate::datapath::DataPlane,
-) -> Result<Accepted> {
+/// Nonces of an authenticated control connection (the attach key derives
+/// from them).
+pub(crate) struct Nonces {
+    pub client: [u8; NONCE_LEN],
+    pub server: Vec<u8>,
+}
+
+/// Hello -> Challenge -> Auth -> AuthOk on a fresh control connection.
+/// After it the client may send `SessionRequest` (or `Ping`).
+pub(crate) fn authenticate(conn: &mut Connection, token: Option<&Token>) -> Result<Nonces> {
     conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let client_nonce = random_bytes::<NONCE_LEN>();
     conn.send(&Message::Hello(Hello {
@@ -146,6 +150,22 @@ fn handshake(
             ));
         }
     }
+    Ok(Nonces {
+        client: client_nonce,
+        server: server_nonce,
+    })
+}
+
+fn handshake(
+    conn: &mut Connection,
+    req: &SessionRequest,
+    token: Option<&Token>,
+    plane: &dyn crate::datapath::DataPlane,
+) -> Result<Accepted> {
+    let Nonces {
+        client: client_nonce,
+        server: server_nonce,
+    } = authenticate(conn, token)?;
     conn.send(&Message::SessionRequest(req.clone()))?;
     plane.negotiate(conn)?;
     let accepted = match conn.recv()? {
@@ -220,7 +240,16 @@ fn attach_all(
 /// Runs a whole `send`: prints interval lines to `out` as it goes and
 /// returns the final report (the caller prints it).
 pub fn run(opts: &SendOptions, out: &mut dyn Write) -> Result<FinalReport> {
-    let mut req = opts.request();
+    run_request(opts, opts.request(), out)
+}
+
+/// [`run`] with a request built by the caller (`longhaul sweep` asks for
+/// messages mode this way; `opts` still gives address, token and output).
+pub fn run_request(
+    opts: &SendOptions,
+    mut req: SessionRequest,
+    out: &mut dyn Write,
+) -> Result<FinalReport> {
     session::validate(&req)?;
     let plane = modes::client_plane(&req, opts)?;
     req.mode_params = plane.mode_params();

@@ -18,6 +18,9 @@
 //! [`registry`] + [`stats_http`] (the stats API), [`report`] (human and JSON
 //! output), [`cli`] and [`units`] (argument parsing), [`membench`], and
 //! [`modes`] (which data plane serves which mode: the hook for disk mode).
+//!
+//! [`science`]: `longhaul sweep`, `advise` and `report`, and messages mode
+//! (the message-length sweeps' data plane).
 
 pub mod attach;
 pub mod auth;
@@ -35,6 +38,7 @@ pub mod modes;
 pub mod pacer;
 pub mod registry;
 pub mod report;
+pub mod science;
 pub mod server;
 pub mod session;
 pub mod sockopt;

@@ -26,6 +26,10 @@ fn run() -> anyhow::Result<()> {
             std::io::stdout().flush()?;
             server.run()?;
         }
+        Command::Science(cmd) => {
+            let stdout = std::io::stdout();
+            longhaul::science::run(&cmd, &mut stdout.lock())?;
+        }
         Command::Send(opts) => {
             let stdout = std::io::stdout();
             let mut out = stdout.lock();

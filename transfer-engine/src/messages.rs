@@ -21,6 +21,11 @@
 //!   Done {streams, cpu}             <->  Done {streams, cpu}   (each end, when its workers end)
 //! ```
 //!
+//! Instead of `SessionRequest`, a client may send `Ping {seq, limits}` any
+//! number of times; the server answers each with `Pong {seq, limits?}`
+//! (`longhaul advise`: RTT over the control connection and the server's
+//! socket buffer limits).
+//!
 //! Either end may send `Error {code, message}` at any point and close.
 //! `ModeData` carries mode-specific messages (disk mode's manifests) as JSON.
 
@@ -43,6 +48,9 @@ pub enum MessageType {
     Start = 0x07,
     Done = 0x08,
     Error = 0x09,
+    /// `longhaul advise`: RTT probe (and the server's socket buffer limits).
+    Ping = 0x0a,
+    Pong = 0x0b,
     ModeData = 0x40,
 }
 
@@ -59,6 +67,8 @@ impl MessageType {
             0x07 => Start,
             0x08 => Done,
             0x09 => Error,
+            0x0a => Ping,
+            0x0b => Pong,
             0x40 => ModeData,
             _ => return None,
         })
@@ -71,6 +81,9 @@ impl MessageType {
 pub enum Mode {
     Memory,
     Disk,
+    /// Fixed-length messages, request/response or streamed
+    /// ([`crate::science::msgplane`]).
+    Messages,
 }
 
 /// Direction of a session as the client (`longhaul send`) sees it.
@@ -198,6 +211,37 @@ pub struct ErrorMessage {
     pub message: String,
 }
 
+/// `longhaul advise`'s probe, sent instead of `SessionRequest` after
+/// `AuthOk` (any number of times; the server answers each with [`Pong`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ping {
+    pub seq: u64,
+    /// Ask for the server's socket buffer limits in the answer.
+    #[serde(default)]
+    pub limits: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pong {
+    pub seq: u64,
+    #[serde(default)]
+    pub limits: Option<SocketLimits>,
+}
+
+/// A host's socket buffer limits (sysctls, bytes). `None` where the file
+/// could not be read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SocketLimits {
+    /// net.core.rmem_max: cap of SO_RCVBUF.
+    pub rmem_max: Option<u64>,
+    /// net.core.wmem_max: cap of SO_SNDBUF.
+    pub wmem_max: Option<u64>,
+    /// net.ipv4.tcp_rmem: min, default, max (autotuning).
+    pub tcp_rmem: Option<[u64; 3]>,
+    /// net.ipv4.tcp_wmem: min, default, max (autotuning).
+    pub tcp_wmem: Option<[u64; 3]>,
+}
+
 /// A control message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
@@ -210,6 +254,8 @@ pub enum Message {
     Start,
     Done(Box<Done>),
     Error(ErrorMessage),
+    Ping(Ping),
+    Pong(Pong),
     /// Mode-specific message; the JSON shape belongs to the mode.
     ModeData(serde_json::Value),
 }
@@ -239,6 +285,8 @@ impl Message {
             Message::Start => MessageType::Start,
             Message::Done(_) => MessageType::Done,
             Message::Error(_) => MessageType::Error,
+            Message::Ping(_) => MessageType::Ping,
+            Message::Pong(_) => MessageType::Pong,
             Message::ModeData(_) => MessageType::ModeData,
         }
     }
@@ -259,6 +307,8 @@ impl Message {
             }),
             Message::Done(m) => body(k, m),
             Message::Error(m) => body(k, m),
+            Message::Ping(m) => body(k, m),
+            Message::Pong(m) => body(k, m),
             Message::ModeData(m) => body(k, m),
         }
     }
@@ -282,6 +332,8 @@ impl Message {
             MessageType::Start => Message::Start,
             MessageType::Done => Message::Done(Box::new(parse(k, p)?)),
             MessageType::Error => Message::Error(parse(k, p)?),
+            MessageType::Ping => Message::Ping(parse(k, p)?),
+            MessageType::Pong => Message::Pong(parse(k, p)?),
             MessageType::ModeData => Message::ModeData(parse(k, p)?),
         })
     }
@@ -320,6 +372,18 @@ mod tests {
                 mode_params: None,
             }),
             Message::ModeData(serde_json::json!({"files": []})),
+            Message::Ping(Ping {
+                seq: 3,
+                limits: true,
+            }),
+            Message::Pong(Pong {
+                seq: 3,
+                limits: Some(SocketLimits {
+                    rmem_max: Some(4 << 20),
+                    tcp_rmem: Some([4096, 131072, 6 << 20]),
+                    ..SocketLimits::default()
+                }),
+            }),
         ];
         for m in msgs {
             let f = m.to_frame().unwrap();

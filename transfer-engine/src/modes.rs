@@ -1,7 +1,8 @@
 //! Mode dispatch: which [`DataPlane`] serves a session's mode on each end.
 //!
 //! This is the one place a new mode hooks in. Memory mode is built in; disk
-//! mode lives in src/disk/ ([`crate::disk::plane`]).
+//! mode lives in src/disk/ ([`crate::disk::plane`]); messages mode (the
+//! message-length sweeps) in [`crate::science::msgplane`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ pub fn server_plane(
             root.as_deref(),
             conn,
         )?),
+        Mode::Messages => Ok(Arc::new(crate::science::msgplane::MessagesPlane::new(req)?)),
     }
 }
 
@@ -49,5 +51,6 @@ pub fn client_plane(req: &SessionRequest, opts: &SendOptions) -> Result<Arc<dyn 
                 &opts.disk,
             )?))
         }
+        Mode::Messages => Ok(Arc::new(crate::science::msgplane::MessagesPlane::new(req)?)),
     }
 }

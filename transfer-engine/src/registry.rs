@@ -55,7 +55,8 @@ impl SessionEntry {
     pub fn set_request(&self, mode: Mode, client_direction: Direction) {
         let mut s = self.lock();
         s.mode = match mode {
-            Mode::Memory => api::Mode::Memory,
+            // Messages sessions are memory to memory too.
+            Mode::Memory | Mode::Messages => api::Mode::Memory,
             Mode::Disk => api::Mode::Disk,
         };
         s.direction = match client_direction {

@@ -57,6 +57,9 @@ pub struct FinalReport {
     /// Disk mode: per-device IO of both ends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub devices: Option<serde_json::Value>,
+    /// Messages mode: both ends' message counts, latencies, CPU per message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<serde_json::Value>,
 }
 
 impl FinalReport {
@@ -99,12 +102,20 @@ impl FinalReport {
         }
         let bytes = sent + received;
         let seconds = local.seconds.max(1e-9);
+        let messages = (mode == Mode::Messages).then(|| {
+            crate::science::msgplane::final_field(
+                local.mode_summary.as_ref(),
+                remote.mode_summary.as_ref(),
+            )
+        });
         let (files, devices) = if mode == Mode::Disk {
             let (f, d) = crate::disk::plane::final_fields(
                 local.mode_summary.as_ref(),
                 remote.mode_summary.as_ref(),
             );
             (Some(f), Some(d))
+        } else if mode == Mode::Messages {
+            (None, None)
         } else {
             (
                 local.mode_summary.clone().or(remote.mode_summary.clone()),
@@ -136,6 +147,7 @@ impl FinalReport {
             peer,
             files,
             devices,
+            messages,
         }
     }
 
@@ -152,8 +164,12 @@ impl FinalReport {
             )
         };
         let retrans: u64 = self.streams.iter().map(|s| s.retransmits).sum();
+        let disk = match (&self.files, &self.devices) {
+            (Some(f), Some(d)) => crate::disk::plane::human_lines(f, d),
+            _ => String::new(),
+        };
         format!(
-            "{} {}: {} in {:.2} s = {} over {} streams, {} retransmits\n  sender CPU:   {}\n  receiver CPU: {}",
+            "{} {}: {} in {:.2} s = {} over {} streams, {} retransmits\n  sender CPU:   {}\n  receiver CPU: {}{}",
             serde_json::to_value(self.mode).unwrap_or_default().as_str().unwrap_or("?"),
             serde_json::to_value(self.direction).unwrap_or_default().as_str().unwrap_or("?"),
             format_bytes(self.bytes),
@@ -162,7 +178,8 @@ impl FinalReport {
             self.streams.len(),
             retrans,
             cpu(&self.cpu.sender),
-            cpu(&self.cpu.receiver)
+            cpu(&self.cpu.receiver),
+            disk
         )
     }
 }

@@ -99,15 +99,22 @@ pub struct Stream {
     pub tcp: Option<TcpInfo>,
 }
 
-/// The TCP_INFO fields longhaul reports, in the kernel's units.
+/// The TCP_INFO fields longhaul reports. Units are in the field names:
+/// microseconds, bytes, and bits per second for rates.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TcpInfo {
+    /// tcpi_rtt, microseconds.
     pub rtt_us: u32,
+    /// tcpi_rttvar, microseconds.
     pub rttvar_us: u32,
+    /// tcpi_snd_cwnd * tcpi_snd_mss, bytes.
     pub cwnd_bytes: u64,
     /// tcpi_total_retrans: segments retransmitted over the socket's life.
     pub retransmits: u64,
+    /// tcpi_pacing_rate in bits per second (the kernel reports bytes/s;
+    /// longhaul multiplies by 8).
     pub pacing_rate_bps: u64,
+    /// tcpi_delivery_rate in bits per second (kernel bytes/s * 8).
     pub delivery_rate_bps: u64,
 }
 

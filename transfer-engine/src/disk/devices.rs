@@ -157,6 +157,30 @@ mod tests {
     }
 
     #[test]
+    fn two_raid_controllers_of_the_fixture_server_are_two_groups() {
+        let sysfs = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../crates/topology/tests/fixtures/server/sys");
+        let mut m = DeviceMap::new(&sysfs);
+        let sdc = m.group_of(libc::makedev(8, 32));
+        let sdd = m.group_of(libc::makedev(8, 48));
+        let sde = m.group_of(libc::makedev(8, 64));
+        let sda1 = m.group_of(libc::makedev(8, 1));
+        assert_ne!(sdc, sdd);
+        assert_ne!(sdc, sde, "every device is its own group");
+        assert_eq!(m.group(sdc).controller, "0000:03:00.0");
+        assert_eq!(m.group(sde).controller, "0000:03:00.0");
+        assert_eq!(m.group(sdd).controller, "0000:81:00.0");
+        assert_eq!(
+            (
+                m.group(sda1).device.as_str(),
+                m.group(sda1).controller.as_str()
+            ),
+            ("sda1", "0000:00:1f.2")
+        );
+        assert_eq!(m.groups().len(), 4);
+    }
+
+    #[test]
     fn unknown_devices_fall_back_to_maj_min() {
         let mut m = DeviceMap::new(Path::new("/nonexistent-sysfs"));
         let a = m.group_of(libc::makedev(8, 1));

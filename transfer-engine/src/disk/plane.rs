@@ -47,6 +47,9 @@ pub const MESSAGE_BUDGET: usize = crate::frame::MAX_FRAME_LEN / 2;
 /// make the server allocate.
 pub const MAX_MANIFEST_ENTRIES: u64 = 4 << 20;
 
+/// Failed files named one by one in the server log; the rest are counted.
+const LOGGED_FAILURES: usize = 5;
+
 /// Most writer workers per device a client may ask the server for.
 pub const MAX_IO_WORKERS_PER_DEVICE: u32 = 64;
 
@@ -460,6 +463,14 @@ impl DataPlane for ServerPlane {
 
     fn summary(&self) -> Result<Option<Value>> {
         let report = self.pipeline.finish();
+        // The operator sees failed files in the server log too.
+        for f in report.failures.iter().take(LOGGED_FAILURES) {
+            eprintln!("longhaul serve: disk: {}", f.error);
+        }
+        if report.failures.len() > LOGGED_FAILURES {
+            let more = report.failures.len() - LOGGED_FAILURES;
+            eprintln!("longhaul serve: disk: ... and {more} more failed files");
+        }
         Ok(Some(json!({ "receiver": report })))
     }
 }
@@ -526,6 +537,33 @@ pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Va
         }));
     }
     (files, Value::Array(devices))
+}
+
+/// Extra lines of the human summary: files and per-device IO.
+pub fn human_lines(files: &Value, devices: &Value) -> String {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let mut out = format!(
+        "\n  files: {} ({}), verified: {}, skipped (already there): {}, resumed: {}",
+        n(&files["count"]),
+        crate::units::format_bytes(n(&files["bytes"])),
+        files["verified"].as_bool().unwrap_or(false),
+        n(&files["skipped"]),
+        n(&files["resumed"]),
+    );
+    for d in devices.as_array().into_iter().flatten() {
+        let (what, bytes) = match d.get("read_bytes") {
+            Some(b) => ("read", n(b)),
+            None => ("written", n(&d["written_bytes"])),
+        };
+        out.push_str(&format!(
+            "\n  {} device {} (controller {}): {} {what}",
+            d["side"].as_str().unwrap_or("?"),
+            d["device"].as_str().unwrap_or("?"),
+            d["controller"].as_str().unwrap_or("?"),
+            crate::units::format_bytes(bytes),
+        ));
+    }
+    out
 }
 
 /// Fail the session when any file failed, naming every one (the first

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::buffer::{AlignedBuf, BufferPool};
 use super::checksum::{
@@ -68,6 +68,15 @@ pub enum Block {
     },
 }
 
+/// What a reader worker hands its hashing stage: blocks in file order, each
+/// file opened by `Begin`. The hasher folds chunk hashes into the file's
+/// digest, fills in the `End` checksum and forwards every block to the
+/// streams' queue, so the reader thread only ever waits for IO.
+enum Stage {
+    Begin { size: u64, digest: Box<FileDigest> },
+    Block(Block),
+}
+
 /// The running sender pipeline; share it (Arc) with every data stream.
 pub struct SendPipeline {
     queue: Mutex<Receiver<Block>>,
@@ -79,7 +88,7 @@ pub struct SendPipeline {
 }
 
 struct Ctx {
-    tx: SyncSender<Block>,
+    tx: SyncSender<Stage>,
     pool: Arc<BufferPool>,
     groups: Vec<Arc<DeviceGroup>>,
     failures: Arc<Mutex<Vec<FileFailure>>>,
@@ -92,6 +101,10 @@ struct Ctx {
 /// a slow disk) sends a keep-alive this often, well inside the engine's
 /// 30 s data idle timeout.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a stream waits on the shared queue before yielding it to the
+/// other streams (and checking whether a keep-alive is due).
+const QUEUE_POLL: Duration = Duration::from_millis(100);
 
 /// Warn once per process that O_DIRECT was refused.
 static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
@@ -156,8 +169,17 @@ impl SendPipeline {
         }
         let mut handles = Vec::new();
         for list in lists.into_iter().filter(|l| !l.is_empty()) {
+            // Two blocks between IO and hashing keep the disk busy while a
+            // chunk is hashed.
+            let (stage_tx, stage_rx) = sync_channel::<Stage>(2);
+            let queue = tx.clone();
+            let h = std::thread::Builder::new()
+                .name("lh-disk-hash".into())
+                .spawn(move || hash_stage(stage_rx, queue))
+                .expect("spawn hashing thread");
+            handles.push(h);
             let ctx = Ctx {
-                tx: tx.clone(),
+                tx: stage_tx,
                 pool: pool.clone(),
                 groups: groups.clone(),
                 failures: failures.clone(),
@@ -195,23 +217,29 @@ impl SendPipeline {
         stop: &AtomicBool,
     ) -> io::Result<u64> {
         let mut sent = 0;
+        let mut last_write = Instant::now();
         loop {
             if stop.load(Ordering::Relaxed) {
                 self.abort();
                 return Err(io::Error::other("session stopped"));
             }
+            // Wait briefly with the queue locked, then let the other streams
+            // have it: every stream gets to send its keep-alive in time.
             let next = self
                 .queue
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .recv_timeout(KEEPALIVE_INTERVAL);
+                .recv_timeout(QUEUE_POLL);
             let block = match next {
                 Ok(b) => b,
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Err(e) = write_frame(w, &FrameHeader::new(FrameKind::KeepAlive, 0), &[])
-                    {
-                        self.abort();
-                        return Err(e);
+                    if last_write.elapsed() >= KEEPALIVE_INTERVAL {
+                        let keepalive = FrameHeader::new(FrameKind::KeepAlive, 0);
+                        if let Err(e) = write_frame(w, &keepalive, &[]) {
+                            self.abort();
+                            return Err(e);
+                        }
+                        last_write = Instant::now();
                     }
                     continue;
                 }
@@ -255,6 +283,7 @@ impl SendPipeline {
                 self.abort();
                 return Err(e);
             }
+            last_write = Instant::now();
         }
         write_frame(w, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])?;
         w.flush()?;
@@ -307,15 +336,52 @@ fn read_worker(list: Vec<SendItem>, ctx: Ctx) {
                     .push(failure);
                 if ctx
                     .tx
-                    .send(Block::Fail {
+                    .send(Stage::Block(Block::Fail {
                         file: it.id,
                         message,
-                    })
+                    }))
                     .is_err()
                 {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The hashing stage of one reader worker (see [`Stage`]).
+fn hash_stage(rx: Receiver<Stage>, queue: SyncSender<Block>) {
+    let mut size = 0;
+    let mut digest = FileDigest::default();
+    for stage in rx {
+        let block = match stage {
+            Stage::Begin { size: s, digest: d } => {
+                size = s;
+                digest = *d;
+                continue;
+            }
+            Stage::Block(b) => b,
+        };
+        let block = match block {
+            Block::Data { file, offset, buf } => {
+                digest.push(chunk_hash(buf.as_slice()));
+                Block::Data { file, offset, buf }
+            }
+            Block::Hole { file, offset, len } => {
+                let first = offset / CHUNK_SIZE;
+                for index in first..chunk_count(offset + len) {
+                    digest.push(zero_chunk_hash(chunk_len(index, size)));
+                }
+                Block::Hole { file, offset, len }
+            }
+            Block::End { file, .. } => Block::End {
+                file,
+                checksum: digest.finish(),
+            },
+            fail @ Block::Fail { .. } => fail,
+        };
+        if queue.send(block).is_err() {
+            return;
         }
     }
 }
@@ -362,6 +428,10 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
         })?;
         group.add_read(read);
     }
+    let digest = Box::new(digest);
+    if ctx.tx.send(Stage::Begin { size, digest }).is_err() {
+        return Ok(false);
+    }
     let mut data_from = 0u64;
     let mut hole_start: Option<u64> = None;
     for index in from_chunk..chunks {
@@ -373,18 +443,17 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
                 .unwrap_or(u64::MAX);
         }
         if it.sparse && data_from >= off + len {
-            digest.push(zero_chunk_hash(len));
             hole_start.get_or_insert(off);
             continue;
         }
         if let Some(start) = hole_start.take() {
             if ctx
                 .tx
-                .send(Block::Hole {
+                .send(Stage::Block(Block::Hole {
                     file: it.id,
                     offset: start,
                     len: off - start,
-                })
+                }))
                 .is_err()
             {
                 return Ok(false);
@@ -407,15 +476,14 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
             return Err(DiskError::SourceChanged { path: src });
         }
         buf.set_len(len as usize);
-        digest.push(chunk_hash(buf.as_slice()));
         group.add_read(len);
         if ctx
             .tx
-            .send(Block::Data {
+            .send(Stage::Block(Block::Data {
                 file: it.id,
                 offset: off,
                 buf,
-            })
+            }))
             .is_err()
         {
             return Ok(false);
@@ -424,11 +492,11 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
     if let Some(start) = hole_start.take() {
         if ctx
             .tx
-            .send(Block::Hole {
+            .send(Stage::Block(Block::Hole {
                 file: it.id,
                 offset: start,
                 len: size - start,
-            })
+            }))
             .is_err()
         {
             return Ok(false);
@@ -445,9 +513,9 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
     }
     Ok(ctx
         .tx
-        .send(Block::End {
+        .send(Stage::Block(Block::End {
             file: it.id,
-            checksum: digest.finish(),
-        })
+            checksum: 0, // the hashing stage fills it in
+        }))
         .is_ok())
 }

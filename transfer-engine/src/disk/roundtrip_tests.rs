@@ -314,3 +314,58 @@ fn source_changed_before_reading_is_named() {
     assert!(!root.join("grows").exists());
     fs::remove_dir_all(&base).unwrap();
 }
+
+#[test]
+fn each_device_group_is_read_by_its_own_workers_and_counted() {
+    use super::devices::DeviceGroup;
+    use super::reader::{SendItem, SendPipeline};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    let base = tmp("groups");
+    let mut items = Vec::new();
+    for (id, (size, group)) in [(3 * CHUNK_SIZE, 0), (2 * CHUNK_SIZE + 1, 1), (5, 1)]
+        .iter()
+        .enumerate()
+    {
+        let p = base.join(format!("f{id}"));
+        fs::write(&p, pattern(*size as usize, id as u8)).unwrap();
+        let md = fs::metadata(&p).unwrap();
+        items.push(SendItem {
+            id: id as u32,
+            rel: format!("f{id}"),
+            src: p,
+            size: *size,
+            mtime: (md.mtime(), md.mtime_nsec() as u32),
+            sparse: false,
+            group: *group,
+            from: 0,
+        });
+    }
+    let groups = vec![
+        Arc::new(DeviceGroup::new("sda".into(), "0000:03:00.0".into())),
+        Arc::new(DeviceGroup::new("sdb".into(), "0000:04:00.0".into())),
+    ];
+    let opts = DiskOptions {
+        streams: 2,
+        io_workers_per_device: 2,
+        ..DiskOptions::default()
+    };
+    let p = SendPipeline::start(items, groups.clone(), &opts);
+    let sent = p
+        .pump(
+            &mut std::io::sink(),
+            &|_| {},
+            &|_| {},
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+    assert!(p.finish().is_empty());
+    assert_eq!(sent, 5 * CHUNK_SIZE + 6);
+    assert_eq!(groups[0].read_bytes.load(Ordering::Relaxed), 3 * CHUNK_SIZE);
+    assert_eq!(
+        groups[1].read_bytes.load(Ordering::Relaxed),
+        2 * CHUNK_SIZE + 6
+    );
+    fs::remove_dir_all(&base).unwrap();
+}

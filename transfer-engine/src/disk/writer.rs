@@ -10,8 +10,8 @@
 //! at their offsets in whatever order they come, folds chunk hashes into an
 //! [`OrderedDigest`] and saves the verified offset in the sidecar as it
 //! grows. When every chunk is in and the sender's checksum has arrived, the
-//! checksums are compared; a match sets mode and mtime and renames the file
-//! into place, a mismatch is an error naming the file. A full disk is an
+//! checksums are compared; a match sets mode and mtime, syncs the data and
+//! renames the file into place, a mismatch is an error naming the file. A full disk is an
 //! error naming the file and keeps the partial data for resume.
 
 use std::fs::File;
@@ -53,6 +53,9 @@ enum Work {
         file: u32,
         offset: u64,
         buf: AlignedBuf,
+        /// Chunk hash, computed by the stream thread that received it so
+        /// the writer only waits for the disk.
+        hash: u64,
     },
     Hole {
         file: u32,
@@ -301,6 +304,7 @@ impl ReceivePipeline {
                     Work::Data {
                         file: h.file,
                         offset: h.offset,
+                        hash: chunk_hash(buf.as_slice()),
                         buf,
                     }
                 }
@@ -518,7 +522,11 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
         if x.entry.sparse {
             file.set_len(size).map_err(io)?;
         } else {
-            preallocate(&file, size).map_err(io)?;
+            if let Err(e) = preallocate(&file, size) {
+                // Nothing was written: leave no empty temporary behind.
+                let _ = dir.unlink(&part);
+                return Err(io(e));
+            }
         }
     } else {
         file.set_len(size).map_err(io)?;
@@ -599,7 +607,9 @@ fn write_all_at(f: &File, mut data: &[u8], mut off: u64) -> io::Result<()> {
 
 fn apply(sh: &Shared, x: &Expect, o: &mut Open, work: Work) -> Result<(), DiskError> {
     match work {
-        Work::Data { offset, buf, .. } => {
+        Work::Data {
+            offset, buf, hash, ..
+        } => {
             let data = buf.as_slice();
             let aligned = data.len() % DIRECT_ALIGN == 0;
             let target = match &o.direct {
@@ -611,7 +621,6 @@ fn apply(sh: &Shared, x: &Expect, o: &mut Open, work: Work) -> Result<(), DiskEr
             } else {
                 write_all_at(target, data, offset)
             };
-            let hash = chunk_hash(data);
             let n = data.len() as u64;
             sh.pool.put(buf);
             r.map_err(|e| DiskError::from_io(x.path.clone(), e))?;
@@ -648,6 +657,10 @@ fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
     }
     safepath::set_mtime_fd(o.file.as_raw_fd(), (x.entry.mtime_sec, x.entry.mtime_nsec))
         .map_err(io)?;
+    // A file under its final name must be on disk: after a power loss a
+    // re-run trusts it by size and mtime. (Partial files need no sync: their
+    // prefix is re-hashed against the source when resumed.)
+    o.file.sync_data().map_err(io)?;
     o.dir
         .rename(&partial::part_name(&o.name), &o.name)
         .map_err(io)?;

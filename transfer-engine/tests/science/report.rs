@@ -1,0 +1,247 @@
+//! `longhaul report` on a results directory made of real runs: campaign
+//! layout runs (with --interval lines and the campaign's .run.json), a disk
+//! run, a window x streams sweep, message-length sweeps with and without
+//! load, an advice, and a fake Prometheus answering query_range.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+use super::support::{ok, Scratch, Server};
+
+/// Answers `n` HTTP requests with one query_range matrix, then stops.
+fn fake_prometheus(n: usize) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"direction":"receive","stream":"0","instance":"xfer-b","mode":"system","controller":"0000:03:00.0","device":"sda"},
+             "values":[[1000,"1e9"],[1015,"2e9"],[1030,"3e9"],[1045,"2.5e9"]]},
+            {"metric":{"direction":"send","stream":"1","instance":"xfer-a","mode":"softirq","controller":"nvme0","device":"nvme0n1"},
+             "values":[[1000,"5e8"],[1015,"7e8"],[1030,"9e8"],[1045,"8e8"]]}]}}"#;
+        let mut requests = Vec::new();
+        for _ in 0..n {
+            let Ok((mut s, _)) = listener.accept() else {
+                break;
+            };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            requests.push(String::from_utf8_lossy(&req).into_owned());
+            let _ = write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+        requests
+    });
+    (url, handle)
+}
+
+/// The `<svg ...>...</svg>` of the figure with `id`.
+fn figure<'a>(html: &'a str, id: &str) -> &'a str {
+    let start = html
+        .find(&format!("<figure id=\"{id}\">"))
+        .unwrap_or_else(|| panic!("figure {id} missing"));
+    let rest = &html[start..];
+    let svg = rest.find("<svg").expect("svg in figure");
+    let end = rest.find("</svg>").expect("svg ends");
+    &rest[svg..end + 6]
+}
+
+fn check_svg(html: &str, id: &str, min_shapes: usize) {
+    let svg = figure(html, id);
+    let open = &svg[..svg.find('>').unwrap()];
+    assert!(
+        open.contains("width=\"860\"") && open.contains("height=\"400\""),
+        "{id}: {open}"
+    );
+    let shapes: usize = ["<polyline", "<rect", "<circle", "<line", "<path"]
+        .iter()
+        .map(|t| svg.matches(t).count())
+        .sum();
+    assert!(shapes >= min_shapes, "{id}: only {shapes} shapes");
+    assert!(
+        svg.matches("<text").count() >= 4,
+        "{id}: axis labels missing"
+    );
+}
+
+#[test]
+fn report_has_every_figure_with_sane_sizes() {
+    let dir = Scratch::new("report");
+    let results = dir.path().join("results");
+    let campaign = results.join("mem-3x/20261121T080000Z");
+    std::fs::create_dir_all(&campaign).unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let server = Server::start(&["--root", &root.display().to_string()]);
+    let addr = server.addr();
+
+    // Two memory runs in the campaign layout, one with interval lines.
+    let with_intervals = ok(&[
+        "send",
+        "--to",
+        &addr,
+        "--streams",
+        "3",
+        "--time",
+        "1.5",
+        "--interval",
+        "0.5",
+        "--json",
+    ]);
+    std::fs::write(campaign.join("a-to-b.json"), with_intervals).unwrap();
+    std::fs::write(
+        campaign.join("a-to-b.run.json"),
+        r#"{"campaign":"mem-3x","start":"2026-11-21 08:00:01.5","rc":0}"#,
+    )
+    .unwrap();
+    let bidir = ok(&[
+        "send",
+        "--to",
+        &addr,
+        "--streams",
+        "2",
+        "--time",
+        "1",
+        "--bidir",
+        "--json",
+    ]);
+    std::fs::write(campaign.join("bidir.json"), bidir).unwrap();
+    // A disk run.
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), vec![7u8; 3 << 20]).unwrap();
+    let disk = ok(&[
+        "send",
+        "--to",
+        &addr,
+        "--json",
+        &src.display().to_string(),
+        "--dest",
+        "d",
+    ]);
+    std::fs::write(results.join("disk.json"), disk).unwrap();
+    // Sweeps and advice.
+    let sweeps = results.join("sweep");
+    let sweeps_s = sweeps.display().to_string();
+    ok(&[
+        "sweep",
+        "--to",
+        &addr,
+        "--streams",
+        "1,2",
+        "--buffer",
+        "64K,1M",
+        "--time",
+        "0.5",
+        "--out",
+        &sweeps_s,
+        "--json",
+    ]);
+    for load in ["0", "1"] {
+        ok(&[
+            "sweep",
+            "--to",
+            &addr,
+            "--messages",
+            "64,4K",
+            "--time",
+            "0.5",
+            "--load",
+            load,
+            "--out",
+            &sweeps_s,
+            "--json",
+        ]);
+    }
+    let advice = ok(&["advise", "--to", &addr, "--json"]);
+    std::fs::write(results.join("advice.json"), advice).unwrap();
+    std::fs::write(results.join("notes.json"), "not json").unwrap();
+
+    let (prom, prom_thread) = fake_prometheus(5);
+    let out = dir.path().join("report.html");
+    let printed = ok(&[
+        "report",
+        &results.display().to_string(),
+        "--out",
+        &out.display().to_string(),
+        "--prometheus",
+        &prom,
+        "--from",
+        "2026-11-21T08:00:00Z",
+        "--to",
+        "2026-11-21T09:00:00Z",
+    ]);
+    assert!(printed.contains("report written to"), "{printed}");
+    let requests = prom_thread.join().unwrap();
+    assert_eq!(requests.len(), 5);
+    assert!(
+        requests[0].starts_with("GET /api/v1/query_range?query="),
+        "{}",
+        requests[0]
+    );
+    assert!(
+        requests[0].contains("start=2026-11-21T08%3A00%3A00Z"),
+        "{}",
+        requests[0]
+    );
+
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
+    // Self-contained: no scripts, no external resources.
+    assert!(!html.contains("<script") && !html.contains("src=\"http"));
+    check_svg(&html, "fig-throughput-time", 6);
+    check_svg(&html, "fig-per-stream-1", 3);
+    check_svg(&html, "fig-cpu", 6);
+    check_svg(&html, "fig-disk-device", 2);
+    check_svg(&html, "fig-disk-controller", 2);
+    check_svg(&html, "fig-heatmap-1", 4);
+    check_svg(&html, "fig-sweep-streams-1", 4);
+    check_svg(&html, "fig-msg-latency", 4);
+    check_svg(&html, "fig-msg-throughput", 2);
+    check_svg(&html, "fig-msg-cpu", 4);
+    for n in 1..=5 {
+        check_svg(&html, &format!("fig-prom-{n}"), 2);
+    }
+    // The message-length curves show both load levels; units on the axes.
+    let lat = figure(&html, "fig-msg-latency");
+    assert!(
+        lat.contains("no load p50") && lat.contains("load 1 streams p99"),
+        "{lat}"
+    );
+    assert!(lat.contains("64 B") && lat.contains("4 KiB"), "{lat}");
+    // µs on a quiet loopback, ms when the machine is busy enough.
+    assert!(
+        lat.contains("latency (µs") || lat.contains("latency (ms"),
+        "{lat}"
+    );
+    assert!(figure(&html, "fig-heatmap-1").contains("64K"));
+    assert!(figure(&html, "fig-throughput-time").contains("b/s"));
+    // The run table names the campaign run; the bad file is listed.
+    assert!(html.contains("mem-3x/20261121T080000Z/a-to-b"));
+    assert!(
+        html.contains("<td>2026-11-21 08:00:01.5</td>"),
+        "run.json start not shown"
+    );
+    assert!(html.contains("skipped notes.json"));
+    assert!(html.contains("Tuning advice"));
+}
+
+#[test]
+fn an_empty_directory_is_a_usage_error() {
+    let dir = Scratch::new("report-empty");
+    let o = super::support::run(&["report", &dir.path().display().to_string()]);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("holds no longhaul results"),
+        "{}",
+        o.stderr
+    );
+}
