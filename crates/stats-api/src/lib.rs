@@ -144,8 +144,7 @@ mod tests {
         let snap: Snapshot = serde_json::from_str(text).unwrap();
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());
-        let again: Snapshot =
-            serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
+        let again: Snapshot = serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
         assert_eq!(snap, again);
     }
 
