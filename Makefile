@@ -20,7 +20,7 @@ export LONGHAUL_DIST ?= $(CURDIR)/dist
 STAGE := scripts/stage
 BINARIES := longhaul longhaul-exporter longhaul-delay
 
-.PHONY: help setup build lint test test-rust test-integration test-roles bench demo demo-down clean
+.PHONY: help setup build lint test test-rust test-integration test-roles test-lab bench demo demo-down clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -41,15 +41,21 @@ test: setup
 	@$(MAKE) --no-print-directory build
 	@$(MAKE) --no-print-directory test-integration
 	@$(MAKE) --no-print-directory test-roles
+	@$(MAKE) --no-print-directory test-lab
 
 test-rust:
 	@$(STAGE) test-rust cargo test --locked --workspace
 
+# Integration tests start real binaries on loopback; the lab has its own stage.
 test-integration:
-	@$(STAGE) test-integration scripts/pytest-run tests
+	@$(STAGE) test-integration scripts/pytest-run tests --ignore=tests/lab
 
 test-roles:
 	@$(STAGE) test-roles scripts/molecule-all
+
+# End-to-end: the lab of four systemd containers, provisioned with site.yml.
+test-lab:
+	@$(STAGE) test-lab scripts/pytest-run tests/lab
 
 bench: build
 	@for b in memory disk exporter; do $(STAGE) bench-$$b scripts/bench-$$b; done
