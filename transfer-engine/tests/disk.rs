@@ -3,144 +3,22 @@
 //! server and cleans up after itself (servers are killed on drop, mounts are
 //! unmounted on drop).
 
+mod support;
+
 use std::fs::{self, File, FileTimes};
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const BIN: &str = env!("CARGO_BIN_EXE_longhaul");
-
-/// Upper bound for one `send` in these tests.
-const SEND_TIMEOUT: Duration = Duration::from_secs(40);
+use support::{Output, Running, Scratch, Server, RUN_TIMEOUT};
 
 const MIB: u64 = 1 << 20;
 
 // ------------------------------------------------------------ helpers
 
-/// A temp dir removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("longhaul-disk-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn collect(reader: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let out = Arc::new(Mutex::new(String::new()));
-    let into = out.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(reader).lines().map_while(Result::ok) {
-            let mut s = into.lock().unwrap();
-            s.push_str(&line);
-            s.push('\n');
-        }
-    });
-    out
-}
-
-/// `longhaul serve --root ROOT` on 127.0.0.1:0, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    stats_port: u16,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(root: &Path) -> Server {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--stats-listen",
-                "127.0.0.1:0",
-                "--root",
-            ])
-            .arg(root)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start longhaul serve");
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        let stderr = collect(child.stderr.take().unwrap());
-        let mut line = String::new();
-        reader
-            .read_line(&mut line)
-            .expect("server prints its ports");
-        // "listening on 127.0.0.1:NNNN, stats on 127.0.0.1:MMMM"
-        let ports: Vec<u16> = line
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .filter_map(|w| w.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
-            .collect();
-        assert_eq!(ports.len(), 2, "unexpected startup line {line:?}");
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            let _ = reader.read_to_string(&mut sink);
-        });
-        Server {
-            child,
-            port: ports[0],
-            stats_port: ports[1],
-            stderr,
-        }
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// The stats API's sessions snapshot.
-    fn sessions(&self) -> serde_json::Value {
-        use std::io::Write;
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.stats_port)).unwrap();
-        write!(c, "GET /v1/sessions HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-        let mut text = String::new();
-        c.read_to_string(&mut text).unwrap();
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("stats API answer {text:?}: {e}"))
-    }
-
-    fn log(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 impl Output {
+    /// The last JSON line of stdout (`send --json`).
     fn json(&self) -> serde_json::Value {
         let last = self
             .stdout
@@ -157,48 +35,16 @@ impl Output {
     }
 }
 
-fn spawn_send(args: &[&str]) -> (Child, Arc<Mutex<String>>, Arc<Mutex<String>>) {
-    let mut child = Command::new(BIN)
-        .arg("send")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start longhaul send");
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
-    (child, out, err)
+/// Starts `longhaul send ARGS...`.
+fn spawn_send(args: &[&str]) -> Running {
+    let mut all = vec!["send"];
+    all.extend_from_slice(args);
+    support::spawn(&all)
 }
 
-fn wait(mut child: Child, out: Arc<Mutex<String>>, err: Arc<Mutex<String>>) -> Output {
-    let end = Instant::now() + SEND_TIMEOUT;
-    let code = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st.code();
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "send did not finish in {SEND_TIMEOUT:?}; stderr {}",
-                err.lock().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    std::thread::sleep(Duration::from_millis(50));
-    let stdout = out.lock().unwrap().clone();
-    let stderr = err.lock().unwrap().clone();
-    Output {
-        code,
-        stdout,
-        stderr,
-    }
-}
-
+/// Runs `longhaul send ARGS...` to completion.
 fn send(args: &[&str]) -> Output {
-    let (c, o, e) = spawn_send(args);
-    wait(c, o, e)
+    spawn_send(args).wait(RUN_TIMEOUT)
 }
 
 /// Deterministic, chunk-varying contents.
@@ -283,7 +129,7 @@ fn assert_same_tree(a: &Path, b: &Path) {
 
 #[test]
 fn tree_with_edge_cases_arrives_bit_identical() {
-    let t = TempDir::new("tree");
+    let t = Scratch::new("tree");
     let top = t.0.join("src/tree");
     let deep = top.join("d01/d02/d03/d04/d05/d06/d07/d08/d09/d10/d11/d12");
     fs::create_dir_all(&deep).unwrap();
@@ -313,7 +159,7 @@ fn tree_with_edge_cases_arrives_bit_identical() {
     set_mtime(&top.join("empty-dir"), 1_500_000_001, 8);
     let root = t.0.join("root");
     fs::create_dir_all(&root).unwrap();
-    let server = Server::start(&root);
+    let server = Server::with_root(&root);
     let out = send(&[
         "--to",
         &server.addr(),
@@ -387,7 +233,7 @@ fn walk_names(p: &Path) -> Vec<String> {
 
 #[test]
 fn resume_after_receiver_kill_sends_less() {
-    let t = TempDir::new("resume");
+    let t = Scratch::new("resume");
     let top = t.0.join("src/data");
     fs::create_dir_all(&top).unwrap();
     let sizes = [24 * MIB + 3, 24 * MIB, 24 * MIB + MIB / 2];
@@ -401,9 +247,9 @@ fn resume_after_receiver_kill_sends_less() {
     let total: u64 = sizes.iter().sum();
     let root = t.0.join("root");
     fs::create_dir_all(&root).unwrap();
-    let mut server = Server::start(&root);
+    let mut server = Server::with_root(&root);
     // 400 Mb/s: the 72 MiB take ~1.5 s, so the kill lands mid-transfer.
-    let (child, o, e) = spawn_send(&[
+    let first = spawn_send(&[
         "--to",
         &server.addr(),
         "--streams",
@@ -423,8 +269,8 @@ fn resume_after_receiver_kill_sends_less() {
         assert!(Instant::now() < end, "no progress was saved");
         std::thread::sleep(Duration::from_millis(5));
     }
-    server.kill9();
-    let first = wait(child, o, e);
+    server.kill();
+    let first = first.wait(RUN_TIMEOUT);
     assert_eq!(
         first.code,
         Some(1),
@@ -432,7 +278,7 @@ fn resume_after_receiver_kill_sends_less() {
         first.stderr
     );
     // Restart the receiver on the same root and run the same command again.
-    let server = Server::start(&root);
+    let server = Server::with_root(&root);
     let second = send(&[
         "--to",
         &server.addr(),
@@ -469,7 +315,7 @@ impl Drop for Mount {
 
 #[test]
 fn full_filesystem_names_the_file_and_server_survives() {
-    let t = TempDir::new("full");
+    let t = Scratch::new("full");
     let root = t.0.join("root");
     let small = root.join("small");
     fs::create_dir_all(&small).unwrap();
@@ -489,7 +335,7 @@ fn full_filesystem_names_the_file_and_server_survives() {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("part-a.bin"), pattern((6 * MIB) as usize, 3)).unwrap();
     fs::write(src.join("part-b.bin"), pattern((14 * MIB) as usize, 4)).unwrap();
-    let mut server = Server::start(&root);
+    let mut server = Server::with_root(&root);
     let out = send(&[
         "--to",
         &server.addr(),
@@ -518,7 +364,7 @@ fn full_filesystem_names_the_file_and_server_survives() {
         out.stderr
     );
     // The server keeps serving.
-    assert!(server.is_running(), "server died: {}", server.log());
+    assert!(server.is_running(), "server died: {}", server.stderr());
     let ok = send(&[
         "--to",
         &server.addr(),
@@ -594,13 +440,13 @@ mod crafted {
 
 #[test]
 fn crafted_manifests_escaping_the_root_are_refused() {
-    let t = TempDir::new("escape");
+    let t = Scratch::new("escape");
     let root = t.0.join("root");
     let outside = t.0.join("outside");
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-    let server = Server::start(&root);
+    let server = Server::with_root(&root);
     let abs = outside.join("abs").display().to_string();
     let evil = [
         "../outside/dotdot",

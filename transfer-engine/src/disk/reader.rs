@@ -432,6 +432,17 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
     if ctx.tx.send(Stage::Begin { size, digest }).is_err() {
         return Ok(false);
     }
+    // Each send is `false` once the pipeline was aborted.
+    let send = |block: Block| ctx.tx.send(Stage::Block(block)).is_ok();
+    // A pending hole ends where the next data (or the file) starts.
+    let send_hole = |hole_start: &mut Option<u64>, end: u64| match hole_start.take() {
+        Some(start) => send(Block::Hole {
+            file: it.id,
+            offset: start,
+            len: end - start,
+        }),
+        None => true,
+    };
     let mut data_from = 0u64;
     let mut hole_start: Option<u64> = None;
     for index in from_chunk..chunks {
@@ -446,18 +457,8 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
             hole_start.get_or_insert(off);
             continue;
         }
-        if let Some(start) = hole_start.take() {
-            if ctx
-                .tx
-                .send(Stage::Block(Block::Hole {
-                    file: it.id,
-                    offset: start,
-                    len: off - start,
-                }))
-                .is_err()
-            {
-                return Ok(false);
-            }
+        if !send_hole(&mut hole_start, off) {
+            return Ok(false);
         }
         let Some(mut buf) = ctx.pool.get() else {
             return Ok(false);
@@ -477,30 +478,16 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
         }
         buf.set_len(len as usize);
         group.add_read(len);
-        if ctx
-            .tx
-            .send(Stage::Block(Block::Data {
-                file: it.id,
-                offset: off,
-                buf,
-            }))
-            .is_err()
-        {
+        if !send(Block::Data {
+            file: it.id,
+            offset: off,
+            buf,
+        }) {
             return Ok(false);
         }
     }
-    if let Some(start) = hole_start.take() {
-        if ctx
-            .tx
-            .send(Stage::Block(Block::Hole {
-                file: it.id,
-                offset: start,
-                len: size - start,
-            }))
-            .is_err()
-        {
-            return Ok(false);
-        }
+    if !send_hole(&mut hole_start, size) {
+        return Ok(false);
     }
     let md = file
         .metadata()
@@ -511,11 +498,8 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
     if changed(&md, it) {
         return Err(DiskError::SourceChanged { path: src });
     }
-    Ok(ctx
-        .tx
-        .send(Stage::Block(Block::End {
-            file: it.id,
-            checksum: 0, // the hashing stage fills it in
-        }))
-        .is_ok())
+    Ok(send(Block::End {
+        file: it.id,
+        checksum: 0, // the hashing stage fills it in
+    }))
 }

@@ -18,7 +18,12 @@ struct Outcome {
 }
 
 fn transfer(paths: &[PathBuf], root: &Path, dest: &str, opts: &DiskOptions) -> Outcome {
-    let src = SourceSet::build(paths, dest, opts).unwrap();
+    transfer_source(SourceSet::build(paths, dest, opts).unwrap(), root, opts)
+}
+
+/// Sends an already built source set (the test may change the files in
+/// between) over `opts.streams` socket pairs.
+fn transfer_source(src: SourceSet, root: &Path, opts: &DiskOptions) -> Outcome {
     let (rx, plan) = ReceivePipeline::prepare(root, &src.manifest, opts).unwrap();
     let (tx, mut sender_failures) = src.start(&plan, opts);
     let mut threads = Vec::new();
@@ -262,16 +267,11 @@ fn vanished_source_is_named_and_others_continue() {
     let opts = DiskOptions::default();
     let src = SourceSet::build(std::slice::from_ref(&top), "", &opts).unwrap();
     fs::remove_file(top.join("a")).unwrap();
-    let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts).unwrap();
-    let (tx, _) = src.start(&plan, &opts);
-    let (mut a, mut b) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        tx.pump(&mut a, &|_| {}, &|_| {}, &AtomicBool::new(false))
-            .map(|_| tx.finish())
-    });
-    rx.drain(&mut b, &|_| {}).unwrap();
-    let sender_failures = t.join().unwrap().unwrap();
-    let report = rx.finish();
+    let Outcome {
+        report,
+        sender_failures,
+        ..
+    } = transfer_source(src, &root, &opts);
     assert_eq!(sender_failures.len(), 1);
     assert!(
         sender_failures[0].error.contains("vanished"),
@@ -293,16 +293,11 @@ fn source_changed_before_reading_is_named() {
     let opts = DiskOptions::default();
     let src = SourceSet::build(std::slice::from_ref(&f), "", &opts).unwrap();
     fs::write(&f, b"after, longer").unwrap();
-    let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts).unwrap();
-    let (tx, _) = src.start(&plan, &opts);
-    let (mut a, mut b) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        tx.pump(&mut a, &|_| {}, &|_| {}, &AtomicBool::new(false))
-            .map(|_| tx.finish())
-    });
-    rx.drain(&mut b, &|_| {}).unwrap();
-    let sender_failures = t.join().unwrap().unwrap();
-    let report = rx.finish();
+    let Outcome {
+        report,
+        sender_failures,
+        ..
+    } = transfer_source(src, &root, &opts);
     assert_eq!(sender_failures[0].code, "source_changed");
     assert!(
         report.failures[0]

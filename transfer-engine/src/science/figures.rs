@@ -7,6 +7,9 @@
 //! [`heatmap`] (window x streams). Text stays `<text>` elements in the SVG,
 //! so no font files are needed to draw and the browser renders the labels.
 
+use std::ops::Range;
+
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -160,8 +163,59 @@ pub struct Series {
     pub markers: bool,
 }
 
-fn area(svg: &mut String) -> DrawingArea<SVGBackend<'_>, Shift> {
-    SVGBackend::with_string(svg, (WIDTH, HEIGHT)).into_drawing_area()
+/// The chart every figure draws on: plain f64 coordinates in both axes,
+/// on an SVG canvas that outlives it.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One figure as SVG text: a white `WIDTH` x `HEIGHT` canvas with a titled
+/// chart over `x` x `y`, on which `draw` draws the rest. `draw` is handed
+/// the canvas too: borrowing it is what ties the chart's two lifetimes.
+fn figure(
+    title: &str,
+    x: Range<f64>,
+    y: Range<f64>,
+    draw: impl for<'a, 'b> FnOnce(
+        &'a DrawingArea<SVGBackend<'b>, Shift>,
+        &mut Chart<'a, 'b>,
+    ) -> Result<()>,
+) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 18))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x, y)
+            .map_err(draw_err)?;
+        draw(&root, &mut chart)?;
+        root.present().map_err(draw_err)?;
+    }
+    Ok(svg)
+}
+
+/// The legend box of the series drawn with a label.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, position: SeriesLabelPosition) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT, 12))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(draw_err)
+}
+
+/// The label of category `v` on an axis of categories at 0, 1, 2...; none
+/// between them.
+fn category_label(labels: &[String], v: f64) -> String {
+    let i = v.round();
+    if (v - i).abs() > 1e-6 || i < 0.0 {
+        return String::new();
+    }
+    labels.get(i as usize).cloned().unwrap_or_default()
 }
 
 /// A line chart; empty series are left out. Returns the SVG text.
@@ -184,17 +238,7 @@ pub fn line_chart(
         a => a.pad(xlo, xhi),
     };
     let (ylo, yhi) = y.0.pad(ylo, yhi);
-    let mut svg = String::new();
-    {
-        let root = area(&mut svg);
-        root.fill(&WHITE).map_err(draw_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 18))
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(xlo..xhi, ylo..yhi)
-            .map_err(draw_err)?;
+    figure(title, xlo..xhi, ylo..yhi, |_, chart| {
         let (xa, ya) = (x.0, y.0);
         let xfmt = move |v: &f64| xa.label(*v);
         let yfmt = move |v: &f64| ya.label(*v);
@@ -260,18 +304,10 @@ pub fn line_chart(
             }
         }
         if series.iter().any(|s| !s.points.is_empty()) {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .label_font((FONT, 12))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()
-                .map_err(draw_err)?;
+            legend(chart, SeriesLabelPosition::UpperLeft)?;
         }
-        root.present().map_err(draw_err)?;
-    }
-    Ok(svg)
+        Ok(())
+    })
 }
 
 fn min_max(values: impl Iterator<Item = f64>) -> (f64, f64) {
@@ -316,25 +352,9 @@ pub fn bar_chart(
     } else {
         1.0
     };
-    let mut svg = String::new();
-    {
-        let root = area(&mut svg);
-        root.fill(&WHITE).map_err(draw_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 18))
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
-            .map_err(draw_err)?;
+    figure(title, -0.5f64..(n as f64 - 0.5), 0f64..top, |_, chart| {
         let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
-        let xfmt = move |v: &f64| {
-            let i = v.round();
-            if (v - i).abs() > 1e-6 || i < 0.0 {
-                return String::new();
-            }
-            labels.get(i as usize).cloned().unwrap_or_default()
-        };
+        let xfmt = move |v: &f64| category_label(&labels, *v);
         let yfmt = move |v: &f64| match y_label_max {
             Some(max) if *v > max + 1e-9 => String::new(),
             _ => trim_num(*v),
@@ -374,18 +394,10 @@ pub fn bar_chart(
             }
         }
         if part_names.len() > 1 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FONT, 12))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()
-                .map_err(draw_err)?;
+            legend(chart, SeriesLabelPosition::UpperRight)?;
         }
-        root.present().map_err(draw_err)?;
-    }
-    Ok(svg)
+        Ok(())
+    })
 }
 
 /// A heatmap: `values[row][col]`, rows bottom to top. Each cell shows its
@@ -404,28 +416,10 @@ pub fn heatmap(
         .flatten()
         .copied()
         .fold(0.0, f64::max);
-    let mut svg = String::new();
-    {
-        let root = area(&mut svg);
-        root.fill(&WHITE).map_err(draw_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 18))
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(-0.5f64..(nx as f64 - 0.5), -0.5f64..(ny as f64 - 0.5))
-            .map_err(draw_err)?;
-        let xl = x_labels.to_vec();
-        let yl = y_labels.to_vec();
-        let pick = |labels: &[String], v: f64| {
-            let i = v.round();
-            if (v - i).abs() > 1e-6 || i < 0.0 {
-                return String::new();
-            }
-            labels.get(i as usize).cloned().unwrap_or_default()
-        };
-        let xfmt = move |v: &f64| pick(&xl, *v);
-        let yfmt = move |v: &f64| pick(&yl, *v);
+    let (xr, yr) = (-0.5f64..(nx as f64 - 0.5), -0.5f64..(ny as f64 - 0.5));
+    figure(title, xr, yr, |_, chart| {
+        let xfmt = |v: &f64| category_label(x_labels, *v);
+        let yfmt = |v: &f64| category_label(y_labels, *v);
         chart
             .configure_mesh()
             .disable_mesh()
@@ -479,9 +473,8 @@ pub fn heatmap(
                 .draw_series(std::iter::once(Text::new(label, pos, style)))
                 .map_err(draw_err)?;
         }
-        root.present().map_err(draw_err)?;
-    }
-    Ok(svg)
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::support::*;
 fn right_token_works_wrong_token_is_refused() {
     let good = token_file("good", "correct horse battery staple");
     let bad = token_file("bad", "wrong");
-    let server = ServerProc::start(&["--token-file", &good]);
+    let server = Server::start(&["--token-file", &good]);
     let v = send_json(&server.addr(), &["--bytes", "1M", "--token-file", &good]);
     assert_eq!(v["bytes"].as_u64(), Some(1 << 20));
 
@@ -42,7 +42,7 @@ fn right_token_works_wrong_token_is_refused() {
 
 #[test]
 fn server_rejects_a_newer_protocol_version_and_keeps_serving() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let mut conn = Connection::new(TcpStream::connect(server.addr()).unwrap()).unwrap();
     conn.set_timeout(Some(Duration::from_secs(5))).unwrap();
     conn.send(&Message::Hello(Hello {
@@ -88,7 +88,7 @@ fn client_reports_a_server_with_another_protocol_version() {
 
 #[test]
 fn a_random_connection_cannot_attach_to_a_session() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     // Attach header with the right magic but an unknown session and bad proof.
     let mut s = TcpStream::connect(server.addr()).unwrap();
     let mut header = b"LHDA".to_vec();

@@ -3,6 +3,7 @@
 //! One test binary, one module per topic. Every test starts its own server
 //! (so tests run in parallel without sharing state) and kills it on drop.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 mod auth;

@@ -9,14 +9,14 @@ use longhaul::frame::FRAME_MAGIC;
 
 use crate::support::*;
 
-fn session_succeeds(server: &ServerProc) {
+fn session_succeeds(server: &Server) {
     let v = send_json(&server.addr(), &["--streams", "2", "--bytes", "2M"]);
     assert_eq!(v["bytes"].as_u64(), Some(2 << 20));
 }
 
 #[test]
 fn garbage_on_the_control_port_does_not_take_the_server_down() {
-    let mut server = ServerProc::start(&[]);
+    let mut server = Server::start(&[]);
     let mut s = TcpStream::connect(server.addr()).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     // A frame with our magic but an absurd length.
@@ -44,7 +44,7 @@ fn garbage_on_the_control_port_does_not_take_the_server_down() {
 
 #[test]
 fn half_open_and_mid_handshake_disconnects_do_not_block_others() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     // Connects and says nothing, held open across the next session.
     let _silent = TcpStream::connect(server.addr()).unwrap();
     // Says half a header, then nothing.
@@ -75,7 +75,7 @@ fn half_open_and_mid_handshake_disconnects_do_not_block_others() {
 
 #[test]
 fn killed_sender_is_reported_failed_by_the_server() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let mut sender = spawn(&[
         "send",
         "--to",
@@ -112,7 +112,7 @@ fn killed_sender_is_reported_failed_by_the_server() {
 #[test]
 fn killed_server_is_reported_failed_by_the_sender() {
     for reverse in [false, true] {
-        let mut server = ServerProc::start(&[]);
+        let mut server = Server::start(&[]);
         let mut args = vec![
             "send".to_string(),
             "--to".into(),
@@ -144,7 +144,7 @@ fn killed_server_is_reported_failed_by_the_sender() {
 
 #[test]
 fn a_full_server_says_busy_and_recovers() {
-    let server = ServerProc::start(&["--max-sessions", "1"]);
+    let server = Server::start(&["--max-sessions", "1"]);
     let long = spawn(&["send", "--to", &server.addr(), "--time", "3", "--json"]);
     // Wait until the first session holds the only slot.
     let t = Instant::now();
@@ -162,6 +162,6 @@ fn a_full_server_says_busy_and_recovers() {
     let out = run(&["send", "--to", &server.addr(), "--bytes", "1M"]);
     assert_eq!(out.code, Some(1));
     assert!(out.stderr.contains("busy"), "{}", out.stderr);
-    assert_eq!(long.wait(SEND_TIMEOUT).code, Some(0));
+    assert_eq!(long.wait(RUN_TIMEOUT).code, Some(0));
     session_succeeds(&server);
 }

@@ -8,7 +8,7 @@ use crate::support::*;
 
 #[test]
 fn stats_api_shows_a_running_session_with_streams() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let snap = snapshot(server.stats_port);
     assert_eq!(snap.version, 1);
     assert!(snap.sessions.is_empty());
@@ -49,7 +49,7 @@ fn stats_api_shows_a_running_session_with_streams() {
         .iter()
         .all(|s| s.direction == Direction::Receive));
 
-    let out = sender.wait(SEND_TIMEOUT);
+    let out = sender.wait(RUN_TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let total = last_json(&out.stdout)["bytes"].as_u64().unwrap();
     // Finished sessions stay visible with their final counters.

@@ -25,7 +25,7 @@ fn check_final(v: &serde_json::Value, streams: usize) {
 
 #[test]
 fn one_four_and_35_streams_move_exactly_bytes() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     for n in [1usize, 4, 35] {
         let v = send_json(
             &server.addr(),
@@ -51,7 +51,7 @@ fn one_four_and_35_streams_move_exactly_bytes() {
 
 #[test]
 fn bidir_moves_data_both_ways() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let v = send_json(
         &server.addr(),
         &["--streams", "3", "--bytes", "4M", "--bidir"],
@@ -74,7 +74,7 @@ fn bidir_moves_data_both_ways() {
 
 #[test]
 fn reverse_makes_the_server_send() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let v = send_json(
         &server.addr(),
         &["--streams", "2", "--bytes", "4M", "--reverse"],
@@ -87,7 +87,7 @@ fn reverse_makes_the_server_send() {
 
 #[test]
 fn time_mode_prints_json_intervals_then_the_result() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let out = run(&[
         "send",
         "--to",
@@ -121,7 +121,7 @@ fn time_mode_prints_json_intervals_then_the_result() {
 
 #[test]
 fn human_output_by_default() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let out = run(&["send", "--to", &server.addr(), "--time", "1.1"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("b/s"), "{}", out.stdout);
@@ -130,7 +130,7 @@ fn human_output_by_default() {
 
 #[test]
 fn two_concurrent_sessions_both_complete() {
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let a = spawn(&[
         "send",
         "--to",
@@ -152,7 +152,7 @@ fn two_concurrent_sessions_both_complete() {
         "--json",
     ]);
     for (run, n) in [(a, 2), (b, 3)] {
-        let out = run.wait(SEND_TIMEOUT);
+        let out = run.wait(RUN_TIMEOUT);
         assert_eq!(out.code, Some(0), "{}", out.stderr);
         check_final(&last_json(&out.stdout), n);
     }
@@ -165,7 +165,7 @@ fn a_buffer_the_kernel_caps_is_warned_about_naming_the_sysctl() {
         .trim()
         .parse()
         .unwrap();
-    let server = ServerProc::start(&[]);
+    let server = Server::start(&[]);
     let ask = (max * 2).to_string();
     let out = run(&[
         "send",

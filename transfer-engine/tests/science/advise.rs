@@ -1,6 +1,6 @@
 //! `longhaul advise` on loopback.
 
-use super::support::{last_json, ok, run, Server};
+use crate::support::{last_json, ok, run, Server};
 
 #[test]
 fn recommendation_is_within_20_percent_of_the_measured_bdp() {

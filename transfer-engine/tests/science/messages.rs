@@ -1,6 +1,6 @@
 //! `longhaul sweep --messages` (messages mode) with and without load.
 
-use super::support::{ok, Scratch, Server};
+use crate::support::{ok, Scratch, Server};
 
 fn check_cells(path: &std::path::Path, load: u64) {
     let json: serde_json::Value =
@@ -86,7 +86,7 @@ fn send_json_of_a_messages_session_reports_both_ends() {
         &out,
         "--json",
     ]);
-    let v = super::support::last_json(&stdout);
+    let v = crate::support::last_json(&stdout);
     let cell = &v["messages"]["cells"][0];
     assert_eq!(cell["length"], 1024);
     assert!(cell["rr_per_second"].as_f64().unwrap() > 0.0, "{cell}");

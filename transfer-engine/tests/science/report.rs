@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 
-use super::support::{ok, Scratch, Server};
+use crate::support::{ok, Scratch, Server};
 
 /// Answers `n` HTTP requests with one query_range matrix, then stops.
 fn fake_prometheus(n: usize) -> (String, std::thread::JoinHandle<Vec<String>>) {
@@ -237,7 +237,7 @@ fn report_has_every_figure_with_sane_sizes() {
 #[test]
 fn an_empty_directory_is_a_usage_error() {
     let dir = Scratch::new("report-empty");
-    let o = super::support::run(&["report", &dir.path().display().to_string()]);
+    let o = crate::support::run(&["report", &dir.path().display().to_string()]);
     assert_eq!(o.code, Some(2), "{}", o.stderr);
     assert!(
         o.stderr.contains("holds no longhaul results"),

@@ -1,6 +1,6 @@
 //! `longhaul sweep` window x streams matrix on loopback.
 
-use super::support::{last_json, ok, Scratch, Server};
+use crate::support::{last_json, ok, Scratch, Server};
 
 #[test]
 fn a_2x2_matrix_writes_csv_and_json_with_4_cells() {
@@ -109,7 +109,7 @@ fn human_output_prints_a_table_and_the_best_cell() {
 
 #[test]
 fn bad_lists_are_usage_errors() {
-    let o = super::support::run(&["sweep", "--to", "127.0.0.1:1", "--buffer", "64K,zz"]);
+    let o = crate::support::run(&["sweep", "--to", "127.0.0.1:1", "--buffer", "64K,zz"]);
     assert_eq!(o.code, Some(2), "{}", o.stderr);
     assert!(o.stderr.contains("--buffer"), "{}", o.stderr);
 }

@@ -1,36 +1,50 @@
-//! Helpers: a server child process that reports its ports, a `send` runner
-//! with a timeout, JSON parsing and a tiny HTTP GET.
+//! Shared by the integration test binaries (`engine`, `science`, `disk`):
+//! a `longhaul serve` child on loopback port 0 that reports its ports and is
+//! killed on drop, `longhaul` runners with a timeout, JSON and stats API
+//! helpers, and a scratch directory that removes itself.
+
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_longhaul");
 
-/// Upper bound for any single `send` in the tests.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(40);
+/// Upper bound for one `longhaul` command (a `send`, a `sweep`...) in the
+/// tests.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub struct ServerProc {
-    child: Child,
-    pub port: u16,
-    pub stats_port: u16,
-    stderr: Arc<Mutex<String>>,
-}
-
-fn collect(reader: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
-    std::thread::spawn(move || {
+/// Collects a child's output line by line, as it comes.
+fn collect(reader: impl Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHandle<()>) {
+    let out = Arc::new(Mutex::new(String::new()));
+    let into = out.clone();
+    let handle = std::thread::spawn(move || {
         for line in BufReader::new(reader).lines().map_while(Result::ok) {
             let mut s = into.lock().unwrap();
             s.push_str(&line);
             s.push('\n');
         }
     });
+    (out, handle)
 }
 
-impl ServerProc {
-    pub fn start(extra: &[&str]) -> ServerProc {
+/// `longhaul serve` on 127.0.0.1:0 (control and stats API), killed on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub stats_port: u16,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(BIN)
             .args([
                 "serve",
@@ -44,11 +58,9 @@ impl ServerProc {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start longhaul serve");
-        let stdout = child.stdout.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        collect(child.stderr.take().unwrap(), stderr.clone());
+        let (stderr, _) = collect(child.stderr.take().unwrap());
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        let mut reader = BufReader::new(stdout);
         reader
             .read_line(&mut line)
             .expect("server prints its ports");
@@ -62,7 +74,7 @@ impl ServerProc {
             let mut sink = String::new();
             let _ = reader.read_to_string(&mut sink);
         });
-        ServerProc {
+        Server {
             child,
             port: ports[0],
             stats_port: ports[1],
@@ -70,10 +82,16 @@ impl ServerProc {
         }
     }
 
+    /// `longhaul serve --root ROOT` (disk mode).
+    pub fn with_root(root: &Path) -> Server {
+        Server::start(&["--root", root.to_str().expect("UTF-8 root")])
+    }
+
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The server's log so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
@@ -90,6 +108,13 @@ impl ServerProc {
         false
     }
 
+    /// The stats API's sessions snapshot, as untyped JSON.
+    pub fn sessions(&self) -> serde_json::Value {
+        let (status, body) = http_get(self.stats_port, longhaul_stats_api::SESSIONS_PATH);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("stats API answer {body:?}: {e}"))
+    }
+
     /// Kills the server (SIGKILL).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -101,7 +126,7 @@ impl ServerProc {
     }
 }
 
-impl Drop for ServerProc {
+impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
@@ -113,14 +138,18 @@ pub struct Output {
     pub stderr: String,
 }
 
-/// A running `longhaul` child with its output collected.
+/// A running `longhaul` child with its output collected; killed on drop.
 pub struct Running {
     pub child: Child,
+    args: Vec<String>,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
+    collectors: Vec<JoinHandle<()>>,
 }
 
 impl Running {
+    /// Waits for the exit (killed and a panic after `timeout`) and for all
+    /// of its output.
     pub fn wait(mut self, timeout: Duration) -> Output {
         let end = Instant::now() + timeout;
         let code = loop {
@@ -131,21 +160,24 @@ impl Running {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 panic!(
-                    "longhaul did not finish within {timeout:?}; stderr: {}",
+                    "longhaul {:?} did not finish within {timeout:?}; stderr: {}",
+                    self.args,
                     self.stderr.lock().unwrap()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        // Let the collector threads see EOF.
-        std::thread::sleep(Duration::from_millis(50));
+        for c in self.collectors.drain(..) {
+            let _ = c.join();
+        }
         Output {
             code,
-            stdout: self.stdout.lock().unwrap().clone(),
+            stdout: self.stdout(),
             stderr: self.stderr.lock().unwrap().clone(),
         }
     }
 
+    /// Its stdout so far.
     pub fn stdout(&self) -> String {
         self.stdout.lock().unwrap().clone()
     }
@@ -158,6 +190,7 @@ impl Drop for Running {
     }
 }
 
+/// Starts `longhaul ARGS...`.
 pub fn spawn(args: &[&str]) -> Running {
     let mut child = Command::new(BIN)
         .args(args)
@@ -165,20 +198,33 @@ pub fn spawn(args: &[&str]) -> Running {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start longhaul");
-    let stdout = Arc::new(Mutex::new(String::new()));
-    let stderr = Arc::new(Mutex::new(String::new()));
-    collect(child.stdout.take().unwrap(), stdout.clone());
-    collect(child.stderr.take().unwrap(), stderr.clone());
+    let (stdout, c_out) = collect(child.stdout.take().unwrap());
+    let (stderr, c_err) = collect(child.stderr.take().unwrap());
     Running {
         child,
+        args: args.iter().map(|a| a.to_string()).collect(),
         stdout,
         stderr,
+        collectors: vec![c_out, c_err],
     }
 }
 
-/// Runs `longhaul ARGS...` to completion.
+/// Runs `longhaul ARGS...` to completion (killed after [`RUN_TIMEOUT`]).
 pub fn run(args: &[&str]) -> Output {
-    spawn(args).wait(SEND_TIMEOUT)
+    spawn(args).wait(RUN_TIMEOUT)
+}
+
+/// Runs and asserts success; returns stdout.
+pub fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert_eq!(
+        o.code,
+        Some(0),
+        "longhaul {args:?} failed\nstdout: {}\nstderr: {}",
+        o.stdout,
+        o.stderr
+    );
+    o.stdout
 }
 
 /// Runs `longhaul send --to ADDR ARGS... --json`, asserts success and
@@ -197,6 +243,7 @@ pub fn send_json(addr: &str, args: &[&str]) -> serde_json::Value {
     last_json(&out.stdout)
 }
 
+/// The last line of stdout as JSON.
 pub fn last_json(stdout: &str) -> serde_json::Value {
     let line = stdout.lines().last().expect("some output");
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
@@ -221,10 +268,41 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// The stats API's sessions snapshot, typed.
 pub fn snapshot(port: u16) -> longhaul_stats_api::Snapshot {
     let (status, body) = http_get(port, longhaul_stats_api::SESSIONS_PATH);
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).expect("snapshot JSON")
+}
+
+/// A directory under the system temp dir, unique to this process and call,
+/// removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("longhaul-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Writes a token file in a fresh temp dir and returns its path.
