@@ -1,0 +1,237 @@
+"""Handles on the running lab for the end-to-end tests (tests/lab): its
+scripts, playbooks, containers, and its Prometheus, Alertmanager and
+InfluxDB APIs (the same query methods as tests/stack.py's Stack, so the
+dashboard checks run against either)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))  # tests/: the dashboard checks shared with the other suites
+
+LAB = REPO / "lab"
+INVENTORY = REPO / "ansible" / "inventories" / "lab"
+SITE = REPO / "ansible" / "site.yml"
+CAMPAIGN = REPO / "ansible" / "campaign.yml"
+VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
+
+# Generous ceilings: the machine has 2 cores shared with everything else.
+PLAYBOOK_TIMEOUT_S = 900
+HTTP_TIMEOUT_S = 10
+
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
+    r"\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def lab_env():
+    """lab/lab.env's values, as lab/up sees them."""
+    out = subprocess.run(
+        ["bash", "-c", '. "$1"; set | grep "^LAB_"', "lab.env", str(LAB / "lab.env")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def rate_bps(rate):
+    """tc rate syntax (200mbit, 1gbit, 100mbps, 1Mibit) -> bits/s."""
+    match = re.fullmatch(r"([0-9.]+)([kmgt]?)(i?)(bit|bps)", rate.lower())
+    assert match, "not a tc rate: %s" % rate
+    base = 1024 if match.group(3) else 1000
+    value = float(match.group(1)) * base ** " kmgt".index(match.group(2) or " ")
+    return value * (8 if match.group(4) == "bps" else 1)
+
+
+class PlaybookRun:
+    def __init__(self, done, seconds):
+        self.rc = done.returncode
+        self.output = done.stdout + done.stderr
+        self.seconds = seconds
+        self.recap = {
+            m.group("host"): {k: int(v) for k, v in m.groupdict().items() if k != "host"}
+            for m in RECAP.finditer(done.stdout)
+        }
+
+    def tail(self, lines=60):
+        return "\n".join(self.output.splitlines()[-lines:])
+
+
+class Lab:
+    """Handles on the running lab."""
+
+    def __init__(self):
+        env = lab_env()
+        self.env = env
+        self.prefix = env["LAB_PREFIX"]
+        self.monitor = env["LAB_IP_MONITOR_A"]
+        self.prometheus_url = "http://%s:9090" % self.monitor
+        self.alertmanager_url = "http://%s:9093" % self.monitor
+        self.influxdb_url = "http://%s:8086" % self.monitor
+        self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
+        self.bottleneck_bps = rate_bps(self.bottleneck_rate)
+        self.address = {
+            "xfer-a": env["LAB_IP_XFER_A"],
+            "xfer-b": env["LAB_IP_XFER_B"],
+            "router": env["LAB_IP_ROUTER_A"],
+            "monitor": env["LAB_IP_MONITOR_A"],
+        }
+        self.provision = []  # PlaybookRun of the first and second site.yml
+        self.reused = False  # LONGHAUL_LAB_REUSE=1: a running lab, not a fresh one
+
+    # --- processes -----------------------------------------------------------
+    def container(self, host):
+        return "%s-%s" % (self.prefix, host)
+
+    def sh(self, host, script, check=True, timeout=120):
+        """Run a shell script in a lab host; returns the CompletedProcess."""
+        done = subprocess.run(
+            ["docker", "exec", self.container(host), "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check:
+            assert done.returncode == 0, "%s: %s failed: %s%s" % (
+                host,
+                script,
+                done.stdout,
+                done.stderr,
+            )
+        return done
+
+    def router_interface(self, address):
+        """The router's interface that holds this address (eth0/eth1, by docker's order)."""
+        out = self.sh("router", "ip -o -4 addr show").stdout
+        names = [line.split()[1] for line in out.splitlines() if " %s/" % address in line]
+        assert names, "the router has no interface with %s:\n%s" % (address, out)
+        return names[0]
+
+    def script(self, name, timeout=600):
+        done = subprocess.run(
+            [str(LAB / name)], capture_output=True, text=True, timeout=timeout, cwd=REPO
+        )
+        assert done.returncode == 0, "lab/%s failed:\n%s%s" % (name, done.stdout, done.stderr)
+        return done.stdout
+
+    @staticmethod
+    def env_for_ansible():
+        env = dict(os.environ)
+        env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
+        env["ANSIBLE_CONFIG"] = str(REPO / "ansible" / "ansible.cfg")
+        env["ANSIBLE_NOCOLOR"] = "1"
+        env["ANSIBLE_FORCE_COLOR"] = "0"
+        return env
+
+    def playbook(self, playbook, *args, timeout=PLAYBOOK_TIMEOUT_S):
+        t0 = time.time()
+        done = subprocess.run(
+            ["ansible-playbook", "-i", str(INVENTORY), str(playbook), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env_for_ansible(),
+            cwd=REPO,
+        )
+        return PlaybookRun(done, time.time() - t0)
+
+    def campaign_process(self, name, results_dir, *extra):
+        """Start ansible/campaign.yml in the background; returns the Popen."""
+        args = ["-e", "campaign=%s" % name, "-e", "campaign_results_dir=%s" % results_dir]
+        for item in extra:
+            args += ["-e", item]
+        return subprocess.Popen(
+            ["ansible-playbook", "-i", str(INVENTORY), str(CAMPAIGN), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env_for_ansible(),
+            cwd=REPO,
+        )
+
+    def campaign(self, name, results_dir, *extra, timeout=PLAYBOOK_TIMEOUT_S):
+        """Run a campaign; returns (PlaybookRun, newest results directory)."""
+        args = ["-e", "campaign=%s" % name, "-e", "campaign_results_dir=%s" % results_dir]
+        for item in extra:
+            args += ["-e", item]
+        run = self.playbook(CAMPAIGN, *args, timeout=timeout)
+        runs = sorted(p for p in (Path(results_dir) / name).glob("*") if p.is_dir())
+        return run, (runs[-1] if runs else None)
+
+    # --- monitoring APIs (the same shapes as tests/stack.py's Stack) ---------------
+    @staticmethod
+    def get_json(url, params=None):
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
+            return json.load(answer)
+
+    def promql(self, expr, at=None):
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = "%.3f" % at
+        answer = self.get_json(self.prometheus_url + "/api/v1/query", params)
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
+    def prom_range(self, expr, start, end, step=5):
+        answer = self.get_json(
+            self.prometheus_url + "/api/v1/query_range",
+            {"query": expr, "start": "%.3f" % start, "end": "%.3f" % end, "step": step},
+        )
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
+    def influxql(self, query, db="routers"):
+        answer = self.get_json(self.influxdb_url + "/query", {"db": db, "q": query, "epoch": "ms"})
+        result = answer["results"][0]
+        assert "error" not in result, "%s: %s" % (query, result["error"])
+        return result.get("series", [])
+
+    def alerts(self, name):
+        """Active (not silenced) alerts of that name in Alertmanager."""
+        found = self.get_json(
+            self.alertmanager_url + "/api/v2/alerts",
+            {"active": "true", "silenced": "false", "inhibited": "false"},
+        )
+        return [a for a in found if a["labels"].get("alertname") == name]
+
+    def ready(self, url):
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
+            return answer.status in (200, 204)
+
+    def prometheus_alert_state(self, name):
+        states = {
+            alert["state"]
+            for group in self.get_json(self.prometheus_url + "/api/v1/rules")["data"]["groups"]
+            for rule in group["rules"]
+            if rule.get("name") == name
+            for alert in rule.get("alerts", [])
+        }
+        return states
+
+
+def wait_until(check, timeout, what, interval=2):
+    """Poll check() until it returns something truthy; fail naming `what`."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (OSError, ValueError, AssertionError) as error:  # not up yet
+            last = error
+        time.sleep(interval)
+    raise AssertionError("timed out after %ds waiting for %s (last: %r)" % (timeout, what, last))
