@@ -59,6 +59,21 @@ class Transfer:
 # --- provisioning ---------------------------------------------------------------
 
 
+def test_site_yml_syntax_checks_with_the_lab_inventory(lab):
+    # The lab inventory exists only once lab/up has written it, so the lint
+    # stage (fresh clone) sees just the example inventory; this covers the lab.
+    inventory = REPO / "ansible" / "inventories" / "lab"
+    assert (inventory / "hosts.yml").is_file(), "lab/up wrote no inventory"
+    out = subprocess.run(
+        [str(REPO / "scripts" / "check-ansible-syntax")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "-i inventories/lab" in out.stdout, out.stdout
+
+
 def test_site_yml_provisions_the_fresh_lab(lab):
     if lab.reused:
         pytest.skip("LONGHAUL_LAB_REUSE=1: site.yml was not run")
