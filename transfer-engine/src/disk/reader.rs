@@ -4,19 +4,21 @@
 //! Files are dealt round-robin to the `--io-workers-per-device` workers of
 //! their device group, so each device is read by its own threads and two
 //! controllers are driven in parallel. A worker reads its files one after
-//! another, chunk by chunk, hashing as it goes; holes of sparse files
+//! another, chunk by chunk, with [`READ_DEPTH`] chunk reads in flight on
+//! helper threads (forwarded in file order), hashing as it goes; holes of sparse files
 //! (SEEK_DATA) become `Hole` frames with no payload. A resumed file's prefix
 //! is read and hashed but not sent. A file that vanishes, cannot be opened or
 //! changes size/mtime while being read becomes a `Fail` frame and a
 //! [`FileFailure`]; the other files go on.
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -140,10 +142,11 @@ pub fn open_source(path: &std::path::Path, direct: bool, follow: bool) -> io::Re
     Ok(f)
 }
 
-/// Pool size: two blocks per stream in flight plus two per reader, so
-/// neither side starves the other; never grows.
+/// Pool size: two blocks per stream in flight plus, per IO worker, two
+/// queued and [`READ_DEPTH`] in flight, so neither side starves the other;
+/// never grows.
 pub fn pool_buffers(streams: usize, workers: usize) -> usize {
-    2 * streams + 2 * workers + 2
+    2 * streams + (2 + READ_DEPTH) * workers + 2
 }
 
 impl SendPipeline {
@@ -318,14 +321,124 @@ impl SendPipeline {
     }
 }
 
+/// Reads each reader worker keeps in flight. The worker hands chunk reads
+/// of the current file to this many helper threads and forwards the blocks
+/// in file order, so the device has the next chunk queued while one
+/// completes (and while the worker opens the next file or waits for the
+/// hashing stage). A file's reads never outlive it ([`Reads::settle`]).
+pub const READ_DEPTH: usize = 2;
+
+struct ReadJob {
+    file: Arc<File>,
+    offset: u64,
+    buf: AlignedBuf,
+}
+
+struct ReadDone {
+    offset: u64,
+    buf: AlignedBuf,
+    result: io::Result<usize>,
+}
+
+/// The reads in flight of one reader worker, in file order.
+struct Reads {
+    jobs: Sender<ReadJob>,
+    done: Receiver<ReadDone>,
+    /// Offsets submitted, oldest first, with the length each must fill.
+    pending: VecDeque<(u64, u64)>,
+    /// Completions that arrived ahead of the oldest pending read.
+    arrived: Vec<ReadDone>,
+}
+
+impl Reads {
+    fn start() -> Reads {
+        let (jobs, job_rx) = channel::<ReadJob>();
+        let (done_tx, done) = channel::<ReadDone>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        for _ in 0..READ_DEPTH {
+            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
+            std::thread::Builder::new()
+                .name("lh-disk-pread".into())
+                .spawn(move || loop {
+                    let job = match job_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    };
+                    let mut buf = job.buf;
+                    let result = read_full_at(&job.file, buf.as_mut_full(), job.offset);
+                    let d = ReadDone {
+                        offset: job.offset,
+                        buf,
+                        result,
+                    };
+                    if done_tx.send(d).is_err() {
+                        return;
+                    }
+                })
+                .expect("spawn read helper thread");
+        }
+        Reads {
+            jobs,
+            done,
+            pending: VecDeque::new(),
+            arrived: Vec::new(),
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.pending.len() >= READ_DEPTH
+    }
+
+    fn submit(&mut self, file: &Arc<File>, offset: u64, len: u64, buf: AlignedBuf) {
+        let job = ReadJob {
+            file: file.clone(),
+            offset,
+            buf,
+        };
+        // The helpers live as long as `jobs`, which this worker owns.
+        if self.jobs.send(job).is_ok() {
+            self.pending.push_back((offset, len));
+        }
+    }
+
+    /// Wait for the oldest read: its offset, length, buffer and result.
+    fn next(&mut self) -> Option<(u64, u64, AlignedBuf, io::Result<usize>)> {
+        let (offset, len) = self.pending.pop_front()?;
+        loop {
+            if let Some(i) = self.arrived.iter().position(|d| d.offset == offset) {
+                let d = self.arrived.swap_remove(i);
+                return Some((offset, len, d.buf, d.result));
+            }
+            match self.done.recv() {
+                Ok(d) => self.arrived.push(d),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Wait for every read in flight and return the buffers to the pool.
+    fn settle(&mut self, pool: &BufferPool) {
+        while let Some((_, _, buf, _)) = self.next() {
+            pool.put(buf);
+        }
+        for d in self.arrived.drain(..) {
+            pool.put(d.buf);
+        }
+    }
+}
+
 fn read_worker(list: Vec<SendItem>, ctx: Ctx) {
+    let mut reads = Reads::start();
     for it in list {
         if ctx.aborted.load(Ordering::Relaxed) {
-            return;
+            break;
         }
-        match read_file(&it, &ctx) {
+        let r = read_file(&it, &ctx, &mut reads);
+        // Whatever happened, no read of this file stays in flight.
+        reads.settle(&ctx.pool);
+        match r {
             Ok(true) => {}
-            Ok(false) => return, // aborted
+            Ok(false) => break, // aborted
             Err(e) => {
                 let failure = FileFailure::new(it.id, &it.rel, &e);
                 // The receiver learns code and message: "code\tmessage".
@@ -391,7 +504,7 @@ fn changed(md: &std::fs::Metadata, it: &SendItem) -> bool {
 }
 
 /// Read one file into blocks. `Ok(false)` when the pipeline was aborted.
-fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
+fn read_file(it: &SendItem, ctx: &Ctx, reads: &mut Reads) -> Result<bool, DiskError> {
     let src = it.src.display().to_string();
     let file =
         open_source(&it.src, ctx.direct, ctx.follow_symlinks).map_err(|e| match e.kind() {
@@ -443,6 +556,42 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
         }),
         None => true,
     };
+    // Forward the oldest read in flight as a block (false: aborted).
+    let forward = |reads: &mut Reads| -> Result<bool, DiskError> {
+        let Some((off, len, mut buf, r)) = reads.next() else {
+            return Ok(false);
+        };
+        // Reads fill a whole chunk buffer: O_DIRECT needs aligned
+        // lengths, EOF shortens the last one.
+        let n = match r {
+            Ok(n) => n,
+            Err(e) => {
+                ctx.pool.put(buf);
+                return Err(DiskError::from_io(src.clone(), e));
+            }
+        };
+        if (n as u64) < len {
+            ctx.pool.put(buf);
+            return Err(DiskError::SourceChanged { path: src.clone() });
+        }
+        buf.set_len(len as usize);
+        group.add_read(len);
+        Ok(send(Block::Data {
+            file: it.id,
+            offset: off,
+            buf,
+        }))
+    };
+    // Forward every read in flight, in order.
+    let flush = |reads: &mut Reads| -> Result<bool, DiskError> {
+        while !reads.pending.is_empty() {
+            if !forward(reads)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    let file = Arc::new(file);
     let mut data_from = 0u64;
     let mut hole_start: Option<u64> = None;
     for index in from_chunk..chunks {
@@ -457,36 +606,18 @@ fn read_file(it: &SendItem, ctx: &Ctx) -> Result<bool, DiskError> {
             hole_start.get_or_insert(off);
             continue;
         }
-        if !send_hole(&mut hole_start, off) {
+        if hole_start.is_some() && (!flush(reads)? || !send_hole(&mut hole_start, off)) {
             return Ok(false);
         }
-        let Some(mut buf) = ctx.pool.get() else {
+        if reads.full() && !forward(reads)? {
+            return Ok(false);
+        }
+        let Some(buf) = ctx.pool.get() else {
             return Ok(false);
         };
-        // Read a whole chunk buffer: O_DIRECT needs aligned lengths, EOF
-        // shortens the last one.
-        let n = match read_full_at(&file, buf.as_mut_full(), off) {
-            Ok(n) => n,
-            Err(e) => {
-                ctx.pool.put(buf);
-                return Err(DiskError::from_io(src, e));
-            }
-        };
-        if (n as u64) < len {
-            ctx.pool.put(buf);
-            return Err(DiskError::SourceChanged { path: src });
-        }
-        buf.set_len(len as usize);
-        group.add_read(len);
-        if !send(Block::Data {
-            file: it.id,
-            offset: off,
-            buf,
-        }) {
-            return Ok(false);
-        }
+        reads.submit(&file, off, len, buf);
     }
-    if !send_hole(&mut hole_start, size) {
+    if !flush(reads)? || !send_hole(&mut hole_start, size) {
         return Ok(false);
     }
     let md = file

@@ -7,12 +7,15 @@
 //! device group (round-robin), so a file's state has one owner and needs no
 //! lock. A worker creates `.NAME.longhaul-part`, preallocates it (fallocate;
 //! sparse files only get their size, so holes stay holes), `pwrite`s blocks
-//! at their offsets in whatever order they come, folds chunk hashes into an
-//! [`OrderedDigest`] and saves the verified offset in the sidecar as it
-//! grows. When every chunk is in and the sender's checksum has arrived, the
-//! checksums are compared; a match sets mode and mtime, syncs the data and
-//! renames the file into place, a mismatch is an error naming the file. A full disk is an
-//! error naming the file and keeps the partial data for resume.
+//! at their offsets in whatever order they come ([`WRITE_DEPTH`] writes in
+//! flight on helper threads; a chunk counts once its write returned), folds
+//! chunk hashes into an [`OrderedDigest`] and saves the verified offset in
+//! the sidecar as it grows. When every chunk is in and the sender's checksum
+//! has arrived, the worker's finisher thread (which also saves the sidecars,
+//! so journal round trips never stall the data writes) compares the
+//! checksums; a match sets mode and mtime, syncs the data and renames the
+//! file into place, a mismatch is an error naming the file. A full disk is
+//! an error naming the file and keeps the partial data for resume.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -20,7 +23,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -392,21 +395,213 @@ impl ReceivePipeline {
 
 /// A file being written by a worker.
 struct Open {
-    dir: Dir,
+    dir: Arc<Dir>,
     name: String,
-    file: File,
-    direct: Option<File>,
+    file: Arc<File>,
+    direct: Option<Arc<File>>,
     digest: OrderedDigest,
     end: Option<u64>,
     saved: u64,
 }
 
+/// What a writer worker hands its finisher: everything that touches a
+/// file's metadata rather than its data (sidecar saves, the verify + sync +
+/// rename of a complete file). These are journal
+/// round trips (a rename or fdatasync costs milliseconds); done on the
+/// writer thread they would leave the device idle between data writes.
+/// One finisher per writer, fed in order, so a file's sidecar saves and
+/// its completion happen in the order the writer decided them.
+enum Finish {
+    /// Save the sidecar of `name` in `dir`.
+    Save {
+        dir: Arc<Dir>,
+        name: String,
+        state: PartState,
+    },
+    /// Every chunk is in and the sender's checksum arrived: verify, sync,
+    /// rename into place (or fail naming the file).
+    Complete { id: u32, open: Box<Open> },
+}
+
+fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
+    for f in rx {
+        match f {
+            Finish::Save { dir, name, state } => {
+                let _ = partial::save_state(&dir, &name, &state);
+            }
+            Finish::Complete { id, mut open } => {
+                let x = sh.files[id as usize]
+                    .as_ref()
+                    .expect("drain checked the id");
+                match complete(x, &mut open) {
+                    Ok(()) => {
+                        let mut t = lock(&sh.totals);
+                        t.files += 1;
+                        t.file_bytes += x.entry.size;
+                        t.done[id as usize] = true;
+                    }
+                    Err(e) => {
+                        if matches!(e, DiskError::ChecksumMismatch { .. }) {
+                            let _ = partial::discard(&open.dir, &open.name);
+                        } else {
+                            let _ = partial::save_state(
+                                &open.dir,
+                                &open.name,
+                                &PartState::for_entry(&x.entry, open.digest.verified_offset()),
+                            );
+                        }
+                        fail(&sh, x, e.code(), e.to_string());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Queue depth between a writer and its finisher: files waiting to be
+/// synced and renamed hold a descriptor each, no buffers.
+const FINISH_QUEUE: usize = 64;
+
 fn write_worker(rx: Receiver<Work>, sh: Arc<Shared>) {
-    let mut open: std::collections::HashMap<u32, Open> = std::collections::HashMap::new();
+    let (fin_tx, fin_rx) = sync_channel::<Finish>(FINISH_QUEUE);
+    let fin = {
+        let sh = sh.clone();
+        std::thread::Builder::new()
+            .name("lh-disk-finish".into())
+            .spawn(move || finisher(fin_rx, sh))
+            .expect("spawn finisher thread")
+    };
+    write_loop(rx, &sh, &fin_tx);
+    drop(fin_tx);
+    let _ = fin.join();
+}
+
+/// Writes each writer worker keeps in flight. A worker owns its files'
+/// state, but its data writes run on this many helper threads, so the
+/// device always has the next block queued while one completes (and while
+/// the worker opens the next file). Blocks of one file land at distinct
+/// offsets and the [`OrderedDigest`] takes chunks in any order; a chunk
+/// counts as written only once its write returned.
+pub const WRITE_DEPTH: usize = 2;
+
+/// One data write for a helper.
+struct WriteJob {
+    file: u32,
+    target: Arc<File>,
+    offset: u64,
+    buf: AlignedBuf,
+    hash: u64,
+}
+
+/// A helper's answer: the write of `file` at `offset` is done (or failed).
+struct Written {
+    file: u32,
+    offset: u64,
+    len: u64,
+    hash: u64,
+    result: io::Result<()>,
+}
+
+fn write_helper(jobs: Arc<Mutex<Receiver<WriteJob>>>, done: Sender<Written>, sh: Arc<Shared>) {
+    loop {
+        let job = match lock(&jobs).recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let result = write_all_at(&job.target, job.buf.as_slice(), job.offset);
+        let len = job.buf.len() as u64;
+        sh.pool.put(job.buf);
+        let w = Written {
+            file: job.file,
+            offset: job.offset,
+            len,
+            hash: job.hash,
+            result,
+        };
+        if done.send(w).is_err() {
+            return;
+        }
+    }
+}
+
+/// How long a worker with writes in flight waits for new work before it
+/// looks at their completions again.
+const COMPLETION_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The state of one writer worker.
+struct Worker<'a> {
+    sh: &'a Arc<Shared>,
+    fin: &'a SyncSender<Finish>,
+    open: std::collections::HashMap<u32, Open>,
     // Files that failed or completed: any later frame for them is dropped
     // (a confused or hostile sender cannot reopen a finished file).
-    let mut closed: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    for work in rx {
+    closed: std::collections::HashSet<u32>,
+    jobs: Option<Sender<WriteJob>>,
+    in_flight: usize,
+}
+
+fn write_loop(rx: Receiver<Work>, sh: &Arc<Shared>, fin: &SyncSender<Finish>) {
+    let (job_tx, job_rx) = channel::<WriteJob>();
+    let (done_tx, done_rx) = channel::<Written>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let helpers: Vec<_> = (0..WRITE_DEPTH)
+        .map(|_| {
+            let (jobs, done, sh) = (job_rx.clone(), done_tx.clone(), sh.clone());
+            std::thread::Builder::new()
+                .name("lh-disk-pwrite".into())
+                .spawn(move || write_helper(jobs, done, sh))
+                .expect("spawn write helper thread")
+        })
+        .collect();
+    drop(done_tx);
+    let mut w = Worker {
+        sh,
+        fin,
+        open: std::collections::HashMap::new(),
+        closed: std::collections::HashSet::new(),
+        jobs: Some(job_tx),
+        in_flight: 0,
+    };
+    loop {
+        while let Ok(d) = done_rx.try_recv() {
+            w.written(d);
+        }
+        let work = if w.in_flight > 0 {
+            match rx.recv_timeout(COMPLETION_POLL) {
+                Ok(work) => work,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(work) => work,
+                Err(_) => break,
+            }
+        };
+        w.handle(work);
+    }
+    // Streams are done: let the writes in flight land, then keep what
+    // arrived for resume.
+    w.jobs = None;
+    while w.in_flight > 0 {
+        match done_rx.recv() {
+            Ok(d) => w.written(d),
+            Err(_) => break,
+        }
+    }
+    for h in helpers {
+        let _ = h.join();
+    }
+    for (id, o) in std::mem::take(&mut w.open) {
+        if let Some(x) = sh.files[id as usize].as_ref() {
+            save(fin, &o, x);
+        }
+    }
+}
+
+impl Worker<'_> {
+    fn handle(&mut self, work: Work) {
+        let sh = self.sh;
         let id = match &work {
             Work::Data { file, .. }
             | Work::Hole { file, .. }
@@ -416,23 +611,23 @@ fn write_worker(rx: Receiver<Work>, sh: Arc<Shared>) {
         let x = sh.files[id as usize]
             .as_ref()
             .expect("drain checked the id");
-        if closed.contains(&id) {
+        if self.closed.contains(&id) {
             if let Work::Data { buf, .. } = work {
                 sh.pool.put(buf);
             }
-            continue;
+            return;
         }
         if let Work::Fail { message, .. } = work {
-            if let Some(o) = open.remove(&id) {
-                save(&o, x);
+            if let Some(o) = self.open.remove(&id) {
+                save(self.fin, &o, x);
             }
             let (code, msg) = message.split_once('\t').unwrap_or(("source", &message));
-            fail(&sh, x, code, msg.to_string());
-            closed.insert(id);
-            continue;
+            fail(sh, x, code, msg.to_string());
+            self.closed.insert(id);
+            return;
         }
-        if let std::collections::hash_map::Entry::Vacant(slot) = open.entry(id) {
-            match open_part(&sh, x) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.open.entry(id) {
+            match open_part(sh, x) {
                 Ok(o) => {
                     slot.insert(o);
                 }
@@ -440,48 +635,101 @@ fn write_worker(rx: Receiver<Work>, sh: Arc<Shared>) {
                     if let Work::Data { buf, .. } = work {
                         sh.pool.put(buf);
                     }
-                    fail(&sh, x, e.code(), e.to_string());
-                    closed.insert(id);
-                    continue;
+                    fail(sh, x, e.code(), e.to_string());
+                    self.closed.insert(id);
+                    return;
                 }
             }
         }
-        let o = open.get_mut(&id).expect("opened above");
-        let r = apply(&sh, x, o, work);
-        let r = r.and_then(|()| {
-            if o.digest.complete() && o.end.is_some() {
-                complete(x, o).map(|()| true)
-            } else {
-                Ok(false)
-            }
-        });
-        match r {
-            Ok(true) => {
-                open.remove(&id);
-                closed.insert(id);
-                let mut t = lock(&sh.totals);
-                t.files += 1;
-                t.file_bytes += x.entry.size;
-                t.done[id as usize] = true;
-            }
-            Ok(false) => {}
-            Err(e) => {
-                if let Some(o) = open.remove(&id) {
-                    if matches!(e, DiskError::ChecksumMismatch { .. }) {
-                        let _ = partial::discard(&o.dir, &o.name);
-                    } else {
-                        save(&o, x);
+        let o = self.open.get_mut(&id).expect("opened above");
+        match work {
+            Work::Data {
+                offset, buf, hash, ..
+            } => {
+                if offset < x.from {
+                    // Already verified on this side (a resumed prefix).
+                    sh.pool.put(buf);
+                    o.digest.data(offset / CHUNK_SIZE, hash);
+                } else {
+                    let aligned = buf.len() % DIRECT_ALIGN == 0;
+                    let target = match &o.direct {
+                        Some(d) if aligned => d.clone(),
+                        _ => o.file.clone(),
+                    };
+                    let job = WriteJob {
+                        file: id,
+                        target,
+                        offset,
+                        buf,
+                        hash,
+                    };
+                    match &self.jobs {
+                        Some(jobs) if jobs.send(job).is_ok() => self.in_flight += 1,
+                        _ => unreachable!("helpers live as long as the worker loop"),
                     }
+                    return;
                 }
-                fail(&sh, x, e.code(), e.to_string());
-                closed.insert(id);
             }
+            Work::Hole { offset, len, .. } => {
+                let first = offset / CHUNK_SIZE;
+                let count = chunk_count(offset + len) - first;
+                o.digest.zeros(first, count);
+            }
+            Work::End { checksum, .. } => o.end = Some(checksum),
+            Work::Fail { .. } => unreachable!("handled above"),
         }
+        self.progressed(id);
     }
-    // Streams are done: keep what arrived for resume.
-    for (id, o) in open {
-        if let Some(x) = sh.files[id as usize].as_ref() {
-            save(&o, x);
+
+    /// A helper finished a write.
+    fn written(&mut self, d: Written) {
+        self.in_flight -= 1;
+        let sh = self.sh;
+        if self.closed.contains(&d.file) {
+            return;
+        }
+        let x = sh.files[d.file as usize]
+            .as_ref()
+            .expect("drain checked the id");
+        if let Err(e) = d.result {
+            let e = DiskError::from_io(x.path.clone(), e);
+            if let Some(o) = self.open.remove(&d.file) {
+                save(self.fin, &o, x);
+            }
+            fail(sh, x, e.code(), e.to_string());
+            self.closed.insert(d.file);
+            return;
+        }
+        sh.written.fetch_add(d.len, Ordering::Relaxed);
+        sh.groups[x.group].add_written(d.len);
+        if let Some(o) = self.open.get_mut(&d.file) {
+            o.digest.data(d.offset / CHUNK_SIZE, d.hash);
+        }
+        self.progressed(d.file);
+    }
+
+    /// After the digest of `id` grew: save the sidecar now and then, and
+    /// hand a complete file to the finisher.
+    fn progressed(&mut self, id: u32) {
+        let x = self.sh.files[id as usize]
+            .as_ref()
+            .expect("drain checked the id");
+        let Some(o) = self.open.get_mut(&id) else {
+            return;
+        };
+        if o.digest.complete() && o.end.is_some() {
+            let o = self.open.remove(&id).expect("looked up above");
+            self.closed.insert(id);
+            let _ = self.fin.send(Finish::Complete {
+                id,
+                open: Box::new(o),
+            });
+            return;
+        }
+        let v = o.digest.verified_offset();
+        if v >= o.saved + STATE_SAVE_BYTES && v < x.entry.size {
+            o.saved = v;
+            save(self.fin, o, x);
         }
     }
 }
@@ -495,12 +743,13 @@ fn fail(sh: &Shared, x: &Expect, code: &str, error: String) {
     });
 }
 
-fn save(o: &Open, x: &Expect) {
-    let _ = partial::save_state(
-        &o.dir,
-        &o.name,
-        &PartState::for_entry(&x.entry, o.digest.verified_offset()),
-    );
+/// Save the sidecar of `o` (by its finisher, in order).
+fn save(fin: &SyncSender<Finish>, o: &Open, x: &Expect) {
+    let _ = fin.send(Finish::Save {
+        dir: o.dir.clone(),
+        name: o.name.clone(),
+        state: PartState::for_entry(&x.entry, o.digest.verified_offset()),
+    });
 }
 
 /// Warn once per process that O_DIRECT was refused.
@@ -549,10 +798,10 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
         None
     };
     Ok(Open {
-        dir,
+        dir: Arc::new(dir),
         name: name.to_string(),
-        file,
-        direct,
+        file: Arc::new(file),
+        direct: direct.map(Arc::new),
         digest,
         end: None,
         saved: x.from,
@@ -601,45 +850,6 @@ fn write_all_at(f: &File, mut data: &[u8], mut off: u64) -> io::Result<()> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-    }
-    Ok(())
-}
-
-fn apply(sh: &Shared, x: &Expect, o: &mut Open, work: Work) -> Result<(), DiskError> {
-    match work {
-        Work::Data {
-            offset, buf, hash, ..
-        } => {
-            let data = buf.as_slice();
-            let aligned = data.len() % DIRECT_ALIGN == 0;
-            let target = match &o.direct {
-                Some(d) if aligned => d,
-                _ => &o.file,
-            };
-            let r = if offset < x.from {
-                Ok(())
-            } else {
-                write_all_at(target, data, offset)
-            };
-            let n = data.len() as u64;
-            sh.pool.put(buf);
-            r.map_err(|e| DiskError::from_io(x.path.clone(), e))?;
-            sh.written.fetch_add(n, Ordering::Relaxed);
-            sh.groups[x.group].add_written(n);
-            o.digest.data(offset / CHUNK_SIZE, hash);
-        }
-        Work::Hole { offset, len, .. } => {
-            let first = offset / CHUNK_SIZE;
-            let count = chunk_count(offset + len) - first;
-            o.digest.zeros(first, count);
-        }
-        Work::End { checksum, .. } => o.end = Some(checksum),
-        Work::Fail { .. } => unreachable!("handled by the worker"),
-    }
-    let v = o.digest.verified_offset();
-    if v >= o.saved + STATE_SAVE_BYTES && v < x.entry.size {
-        o.saved = v;
-        save(o, x);
     }
     Ok(())
 }
