@@ -6,7 +6,7 @@
 //! runs with 208 KB ones is slow for no visible reason).
 
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 use longhaul_stats_api::TcpInfo;
 
@@ -18,6 +18,8 @@ const SO_MAX_PACING_RATE: libc::c_int = 47;
 
 /// Where the kernel lists the congestion control algorithms it has.
 pub const AVAILABLE_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+/// The algorithms a process without CAP_NET_ADMIN may choose.
+pub const ALLOWED_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
 fn setsockopt<T>(sock: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::io::Result<()> {
     // SAFETY: `value` points to a live T and we pass its exact size.
@@ -89,21 +91,30 @@ pub fn available_cc() -> Vec<String> {
         .collect()
 }
 
-/// Error unless `alg` is one of the kernel's available algorithms.
+/// Error unless this process can use `alg`: the kernel must have it, and a
+/// process without CAP_NET_ADMIN may only pick the allowed ones. Tried on an
+/// unconnected socket, so a server refuses a session it could not serve
+/// before any stream connects.
 pub fn check_cc(alg: &str) -> Result<()> {
     let available = available_cc();
-    if available.is_empty() || available.iter().any(|a| a == alg) {
-        Ok(())
-    } else {
-        Err(Error::Unsupported(format!(
+    if !available.is_empty() && !available.iter().any(|a| a == alg) {
+        return Err(Error::Unsupported(format!(
             "unknown congestion control '{alg}'; available ({AVAILABLE_CC_PATH}): {}",
             available.join(" ")
-        )))
+        )));
     }
+    // SAFETY: plain socket(2); the descriptor is owned (and closed) below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Ok(()); // cannot probe (no sockets left?): set_cc reports it per stream
+    }
+    // SAFETY: fd is a new descriptor nobody else owns.
+    let probe = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    set_cc(&probe, alg)
 }
 
 /// Sets TCP_CONGESTION.
-pub fn set_cc(sock: &TcpStream, alg: &str) -> Result<()> {
+pub fn set_cc(sock: &impl AsRawFd, alg: &str) -> Result<()> {
     let name = alg.as_bytes();
     // SAFETY: name points to alg's bytes and we pass its length.
     let rc = unsafe {
@@ -119,6 +130,14 @@ pub fn set_cc(sock: &TcpStream, alg: &str) -> Result<()> {
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EPERM) {
+        let allowed = std::fs::read_to_string(ALLOWED_CC_PATH).unwrap_or_default();
+        return Err(Error::Unsupported(format!(
+            "congestion control '{alg}' is not allowed for this unprivileged process; allowed \
+             ({ALLOWED_CC_PATH}): {}; add it with sysctl net.ipv4.tcp_allowed_congestion_control",
+            allowed.trim()
+        )));
+    }
     Err(Error::Unsupported(format!(
         "cannot set congestion control '{alg}' ({err}); available ({AVAILABLE_CC_PATH}): {}",
         available_cc().join(" ")

@@ -66,3 +66,58 @@ fn help_exits_0() {
         assert!(out.stdout.contains("longhaul send --to"), "{}", out.stdout);
     }
 }
+
+#[test]
+fn congestion_control_the_server_may_not_use_is_refused_by_name() {
+    // An unprivileged server may only use net.ipv4.tcp_allowed_congestion_control;
+    // the client must hear which algorithm and which sysctl, not a broken stream.
+    let list = |path: &str| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let allowed = list("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+    let Some(alg) = list("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .into_iter()
+        .find(|a| !allowed.contains(a))
+    else {
+        eprintln!("skipped: every available congestion control is allowed here");
+        return;
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to start the server as nobody");
+        return;
+    }
+    let server = Server::start_under(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        &["--allow-unauthenticated"],
+    );
+    let out = run(&[
+        "send",
+        "--to",
+        &server.addr(),
+        "--streams",
+        "2",
+        "--time",
+        "1",
+        "--cc",
+        &alg,
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("congestion control '{alg}' is not allowed"))
+            && out
+                .stderr
+                .contains("net.ipv4.tcp_allowed_congestion_control"),
+        "{}",
+        out.stderr
+    );
+}

@@ -45,7 +45,21 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
+        Server::start_under(&[], extra)
+    }
+
+    /// The server started through `wrapper` (e.g. `setpriv --reuid ...`), which
+    /// execs its last argument, the engine binary.
+    pub fn start_under(wrapper: &[&str], extra: &[&str]) -> Server {
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = command
             .args([
                 "serve",
                 "--listen",
