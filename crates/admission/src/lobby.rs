@@ -1,0 +1,529 @@
+//! The admission path of a TCP port: accept -> waiting room -> handshake ->
+//! authenticated hand-off, for any protocol that implements [`Protocol`].
+//!
+//! Two stages, each a [`PendingSet`] with its own limits:
+//!
+//! 1. **Waiting**: a new connection is non-blocking and watched by one epoll
+//!    thread until it delivered its protocol's *first message* (the protocol
+//!    says how long that is). Holding a silent or trickling connection here
+//!    costs a descriptor and at most [`Protocol::max_first_message`] bytes,
+//!    so the pool can be large. Garbage is dropped on the spot.
+//! 2. **Handshaking**: a connection whose first message is complete either
+//!    finishes on the epoll thread ([`FirstMessage::Quick`], for exchanges
+//!    that cannot block, like a data connection's attach header) or gets a
+//!    thread of its own ([`FirstMessage::Handshake`]) for the rest of its
+//!    handshake. That pool is smaller (threads), and its entries keep the
+//!    deadline they got on arrival.
+//!
+//! Both pools evict rather than refuse (see [`crate::pending`]), and one
+//! deadline, counted from `accept`, covers both stages: a peer that trickles
+//! one byte every few seconds gets no more time than a silent one. The
+//! epoll thread enforces it, for handshake threads too, by shutting their
+//! socket down. A handshake that succeeds calls [`Ticket::admit`], which takes
+//! the connection out of the pools for good; only then may the protocol give
+//! it anything scarce (a session slot).
+//!
+//! Dropped connections are logged through a rate limit: a flood must not
+//! turn into a flood of log lines.
+
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::pending::{EntryId, Limits, PendingSet};
+
+/// What a protocol makes of the bytes a connection sent so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstMessage {
+    /// Not complete yet; keep waiting (within the deadline).
+    NeedMore,
+    /// Complete; finish with [`Protocol::quick`] on the epoll thread.
+    Quick,
+    /// Complete; finish with [`Protocol::handshake`] on a thread of its own.
+    Handshake,
+    /// Not this protocol; drop it, naming why.
+    Garbage(String),
+}
+
+/// A connection whose first message is complete, in blocking mode.
+pub struct Arrival {
+    pub stream: TcpStream,
+    /// Every byte received so far (the first message, maybe more).
+    pub received: Vec<u8>,
+    pub peer: SocketAddr,
+    /// When it was accepted.
+    pub accepted: Instant,
+}
+
+/// One protocol on one port.
+pub trait Protocol: Send + Sync + 'static {
+    /// Bytes a first message may take at most; a connection that sent this
+    /// many without completing one is garbage.
+    fn max_first_message(&self) -> usize;
+    /// Classifies the bytes received so far.
+    fn first_message(&self, received: &[u8]) -> FirstMessage;
+    /// Finishes a [`FirstMessage::Quick`] connection on the epoll thread.
+    /// Must not block: every other pending connection waits meanwhile.
+    fn quick(&self, arrival: Arrival);
+    /// Runs the rest of a [`FirstMessage::Handshake`] connection's handshake
+    /// on a thread of its own, and whatever follows it. Call
+    /// [`Ticket::admit`] once the peer proved who it is.
+    fn handshake(&self, arrival: Arrival, ticket: Ticket);
+    /// Writes one line to the log.
+    fn log(&self, line: &str);
+}
+
+/// The limits of a port's admission.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Connections waiting for their first message.
+    pub waiting: Limits,
+    /// Connections in a handshake thread, not yet admitted.
+    pub handshaking: Limits,
+    /// From accept to [`Ticket::admit`], in total.
+    pub deadline: Duration,
+}
+
+/// Counters of one port's admission, for logs and tests.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub accepted: AtomicU64,
+    pub admitted: AtomicU64,
+    /// Pushed out of a full pool by newer connections.
+    pub evicted: AtomicU64,
+    /// Past the deadline.
+    pub expired: AtomicU64,
+    /// Not the protocol.
+    pub garbage: AtomicU64,
+}
+
+/// How often the epoll thread looks for connections past their deadline.
+const SWEEP_PERIOD: Duration = Duration::from_millis(100);
+
+/// Log lines about dropped connections per [`LOG_WINDOW`]; beyond that they
+/// are counted and summed up in one line.
+const LOG_LINES_PER_WINDOW: u32 = 10;
+const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// Events taken from epoll per wait.
+const EVENTS_PER_WAIT: usize = 256;
+
+/// Token of the listening socket (entry ids count up from 0).
+const LISTENER_TOKEN: u64 = u64::MAX;
+
+struct RateLimitedLog {
+    window_start: Instant,
+    lines: u32,
+    suppressed: u64,
+}
+
+/// What the epoll thread and the handshake threads share.
+struct Shared<P> {
+    protocol: Arc<P>,
+    handshaking: Mutex<PendingSet<TcpStream>>,
+    log: Mutex<RateLimitedLog>,
+    counters: Arc<Counters>,
+}
+
+impl<P: Protocol> Shared<P> {
+    fn note(&self, line: &str) {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.window_start.elapsed() >= LOG_WINDOW {
+            if log.suppressed > 0 {
+                self.protocol.log(&format!(
+                    "admission: {} more dropped connections in the last {} s (not logged one by one)",
+                    log.suppressed,
+                    LOG_WINDOW.as_secs()
+                ));
+            }
+            *log = RateLimitedLog {
+                window_start: Instant::now(),
+                lines: 0,
+                suppressed: 0,
+            };
+        }
+        if log.lines < LOG_LINES_PER_WINDOW {
+            log.lines += 1;
+            self.protocol.log(line);
+        } else {
+            log.suppressed += 1;
+        }
+    }
+}
+
+/// A connection in the handshaking pool. Dropping it takes the connection
+/// out of the pool (the handshake ended without admission).
+pub struct Ticket {
+    id: EntryId,
+    peer: SocketAddr,
+    shared: Arc<dyn TicketPool>,
+}
+
+/// The parts of [`Shared`] a ticket needs, without its protocol type.
+trait TicketPool: Send + Sync {
+    fn leave(&self, id: EntryId) -> bool;
+    fn admitted(&self);
+    fn note(&self, line: &str);
+}
+
+impl<P: Protocol> TicketPool for Shared<P> {
+    fn leave(&self, id: EntryId) -> bool {
+        self.handshaking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+            .is_some()
+    }
+
+    fn admitted(&self) {
+        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn note(&self, line: &str) {
+        Shared::note(self, line)
+    }
+}
+
+/// The connection was pushed out or ran past the deadline before it was
+/// admitted (its socket is shut down already).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooLate;
+
+impl std::fmt::Display for TooLate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the handshake ran past its deadline or was pushed out by newer connections")
+    }
+}
+
+impl std::error::Error for TooLate {}
+
+impl Ticket {
+    /// The peer proved itself: the connection leaves the pre-authentication
+    /// pools and their deadline for good.
+    pub fn admit(self) -> Result<(), TooLate> {
+        let still_pending = self.shared.leave(self.id);
+        // Already removed: Drop has nothing left to do.
+        let shared = self.shared.clone();
+        std::mem::forget(self);
+        if still_pending {
+            shared.admitted();
+            Ok(())
+        } else {
+            Err(TooLate)
+        }
+    }
+
+    /// Logs why a handshake failed, through the port's rate limit.
+    pub fn report(&self, why: &str) {
+        self.shared
+            .note(&format!("dropped connection from {}: {why}", self.peer));
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.shared.leave(self.id);
+    }
+}
+
+/// A connection waiting for its first message.
+struct Waiting {
+    stream: TcpStream,
+    peer: SocketAddr,
+    received: Vec<u8>,
+    accepted: Instant,
+    deadline: Instant,
+}
+
+/// Runs admission on `listener` for `protocol`, forever.
+pub struct Lobby<P: Protocol> {
+    listener: TcpListener,
+    settings: Settings,
+    shared: Arc<Shared<P>>,
+}
+
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new() -> io::Result<Epoll> {
+        // SAFETY: plain syscall; the descriptor is checked below.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: token,
+        };
+        // SAFETY: ev lives across the call; fd is open.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn wait(&self, events: &mut [libc::epoll_event], timeout: Duration) -> io::Result<usize> {
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: events is a valid buffer of the given length.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.0.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as i32,
+                ms,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize)
+    }
+}
+
+impl<P: Protocol> Lobby<P> {
+    pub fn new(listener: TcpListener, protocol: Arc<P>, settings: Settings) -> Lobby<P> {
+        Lobby {
+            listener,
+            shared: Arc::new(Shared {
+                protocol,
+                handshaking: Mutex::new(PendingSet::new(settings.handshaking)),
+                log: Mutex::new(RateLimitedLog {
+                    window_start: Instant::now(),
+                    lines: 0,
+                    suppressed: 0,
+                }),
+                counters: Arc::new(Counters::default()),
+            }),
+            settings,
+        }
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.shared.counters.clone()
+    }
+
+    /// Accepts and admits connections until an unrecoverable error.
+    pub fn run(self) -> io::Result<()> {
+        self.listener.set_nonblocking(true)?;
+        let epoll = Epoll::new()?;
+        epoll.ctl(
+            libc::EPOLL_CTL_ADD,
+            self.listener.as_raw_fd(),
+            LISTENER_TOKEN,
+        )?;
+        let mut waiting: PendingSet<Waiting> = PendingSet::new(self.settings.waiting);
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT];
+        let mut next_sweep = Instant::now() + SWEEP_PERIOD;
+        loop {
+            let wait = next_sweep.saturating_duration_since(Instant::now());
+            let n = epoll.wait(&mut events, wait)?;
+            for ev in &events[..n] {
+                let token = ev.u64;
+                if token == LISTENER_TOKEN {
+                    self.accept_all(&epoll, &mut waiting);
+                } else {
+                    self.readable(&epoll, &mut waiting, token);
+                }
+            }
+            let now = Instant::now();
+            if now >= next_sweep {
+                next_sweep = now + SWEEP_PERIOD;
+                self.sweep(&epoll, &mut waiting, now);
+            }
+        }
+    }
+
+    fn close_waiting(&self, epoll: &Epoll, w: Waiting, why: &str) {
+        let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
+        self.shared
+            .note(&format!("dropped connection from {}: {why}", w.peer));
+    }
+
+    fn accept_all(&self, epoll: &Epoll, waiting: &mut PendingSet<Waiting>) {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning; the
+                    // sweep frees descriptors as deadlines pass.
+                    self.shared.note(&format!("accept failed: {e}"));
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
+                }
+            };
+            self.shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let now = Instant::now();
+            let fd = stream.as_raw_fd();
+            let (id, evicted) = waiting.insert(
+                peer.ip(),
+                now + self.settings.deadline,
+                Waiting {
+                    stream,
+                    peer,
+                    received: Vec::new(),
+                    accepted: now,
+                    deadline: now + self.settings.deadline,
+                },
+            );
+            for w in evicted {
+                self.shared.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                self.close_waiting(
+                    epoll,
+                    w,
+                    "no first message yet, pushed out by newer connections (waiting pool full)",
+                );
+            }
+            if epoll.ctl(libc::EPOLL_CTL_ADD, fd, id).is_err() {
+                waiting.remove(id);
+            }
+        }
+    }
+
+    fn readable(&self, epoll: &Epoll, waiting: &mut PendingSet<Waiting>, id: EntryId) {
+        let max = self.shared.protocol.max_first_message();
+        let Some(w) = waiting.get_mut(id) else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        let mut closed = None;
+        loop {
+            let room = max.saturating_sub(w.received.len()).clamp(1, buf.len());
+            match (&w.stream).read(&mut buf[..room]) {
+                Ok(0) => {
+                    closed = Some("closed before its first message".to_string());
+                    break;
+                }
+                Ok(n) => {
+                    w.received.extend_from_slice(&buf[..n]);
+                    if w.received.len() >= max {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    closed = Some(format!("failed before its first message: {e}"));
+                    break;
+                }
+            }
+        }
+        let verdict = self.shared.protocol.first_message(&w.received);
+        let verdict = match verdict {
+            FirstMessage::NeedMore if closed.is_some() => {
+                let w = waiting.remove(id).expect("looked up above");
+                // A bare connect-and-close (a port probe) is not worth a line.
+                if !w.received.is_empty() {
+                    self.close_waiting(epoll, w, &closed.unwrap_or_default());
+                } else {
+                    let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
+                }
+                return;
+            }
+            FirstMessage::NeedMore if w.received.len() >= max => FirstMessage::Garbage(format!(
+                "{} bytes without a complete first message",
+                w.received.len()
+            )),
+            FirstMessage::NeedMore => return,
+            other => other,
+        };
+        let w = waiting.remove(id).expect("looked up above");
+        let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
+        match verdict {
+            FirstMessage::Garbage(why) => {
+                self.shared.counters.garbage.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .note(&format!("dropped connection from {}: garbage ({why})", w.peer));
+            }
+            FirstMessage::Quick => {
+                if w.stream.set_nonblocking(false).is_ok() {
+                    self.shared.protocol.quick(Arrival {
+                        stream: w.stream,
+                        received: w.received,
+                        peer: w.peer,
+                        accepted: w.accepted,
+                    });
+                }
+            }
+            FirstMessage::Handshake => self.start_handshake(w),
+            FirstMessage::NeedMore => unreachable!("handled above"),
+        }
+    }
+
+    fn start_handshake(&self, w: Waiting) {
+        if w.stream.set_nonblocking(false).is_err() {
+            return;
+        }
+        let Ok(watch) = w.stream.try_clone() else {
+            return;
+        };
+        let (id, evicted) = self
+            .shared
+            .handshaking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(w.peer.ip(), w.deadline, watch);
+        for s in evicted {
+            self.shared.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        let ticket = Ticket {
+            id,
+            peer: w.peer,
+            shared: self.shared.clone(),
+        };
+        let arrival = Arrival {
+            stream: w.stream,
+            received: w.received,
+            peer: w.peer,
+            accepted: w.accepted,
+        };
+        let protocol = self.shared.protocol.clone();
+        let spawned = std::thread::Builder::new()
+            .name("handshake".into())
+            .spawn(move || protocol.handshake(arrival, ticket));
+        if let Err(e) = spawned {
+            self.shared
+                .note(&format!("cannot start a handshake thread: {e}"));
+        }
+    }
+
+    fn sweep(&self, epoll: &Epoll, waiting: &mut PendingSet<Waiting>, now: Instant) {
+        for w in waiting.expired(now) {
+            self.shared.counters.expired.fetch_add(1, Ordering::Relaxed);
+            let why = format!(
+                "no complete first message within {} s ({} bytes received)",
+                self.settings.deadline.as_secs(),
+                w.received.len()
+            );
+            self.close_waiting(epoll, w, &why);
+        }
+        let late = self
+            .shared
+            .handshaking
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .expired(now);
+        for s in late {
+            self.shared.counters.expired.fetch_add(1, Ordering::Relaxed);
+            // The handshake thread sees its socket fail and reports it.
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The HTTP server behind the engine's stats API and the exporter's
+//! `/metrics`: hyper's HTTP/1.1 on a small tokio runtime of its own, with
+//! every limit a hostile or broken client could otherwise abuse.
+//!
+//! - The request head is bounded ([`Limits::max_header_bytes`]; hyper answers
+//!   `431 Request Header Fields Too Large` beyond it) and must arrive within
+//!   [`Limits::header_deadline`] in total, however slowly it trickles.
+//! - Connections whose request head is not complete yet are *pending*; they
+//!   live in a [`longhaul_admission::PendingSet`], which pushes out the
+//!   oldest pending connections of the biggest source when it is full, so
+//!   slow or silent clients cannot keep a scraper out.
+//! - All connections together are bounded ([`Limits::max_connections`]) and
+//!   each has a total deadline ([`Limits::connection_deadline`]).
+//! - Handlers are plain blocking functions run on tokio's blocking pool, at
+//!   most [`Limits::max_in_flight`] at once; more get `503` at once.
+//! - One request per connection (`Connection: close`), which is all a
+//!   scraper needs and keeps every connection's life bounded.
+//!
+//! Why hyper and tokio: docs/http.md.
+
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use longhaul_admission::{EntryId, PendingSet};
+use tokio::sync::{oneshot, Semaphore};
+
+/// The limits of one server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Request line plus headers, bytes; `431` beyond.
+    pub max_header_bytes: usize,
+    /// Time for the whole request head to arrive, from accept.
+    pub header_deadline: Duration,
+    /// Time for a whole connection: head, handler and response.
+    pub connection_deadline: Duration,
+    /// Connections whose request head is not complete yet.
+    pub pending: longhaul_admission::Limits,
+    /// Connections in all states; beyond, new ones wait in the kernel's
+    /// accept queue.
+    pub max_connections: usize,
+    /// Handler calls at once; beyond, `503`.
+    pub max_in_flight: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            // A scrape request is ~300 bytes; 16 KiB leaves room for proxies'
+            // headers.
+            max_header_bytes: 16 << 10,
+            // A scraper sends its request in one packet; 5 s is generous even
+            // across a congested WAN.
+            header_deadline: Duration::from_secs(5),
+            // Prometheus' default scrape timeout is 10 s; a response still
+            // being written after 30 s has no reader.
+            connection_deadline: Duration::from_secs(30),
+            pending: longhaul_admission::Limits {
+                capacity: 512,
+                per_source: 256,
+            },
+            max_connections: 1024,
+            max_in_flight: 4,
+        }
+    }
+}
+
+/// A request as handlers see it.
+pub struct Request {
+    parts: hyper::http::request::Parts,
+    /// The client's address.
+    pub peer: SocketAddr,
+}
+
+impl Request {
+    pub fn method(&self) -> &str {
+        self.parts.method.as_str()
+    }
+
+    /// The path, without the query.
+    pub fn path(&self) -> &str {
+        self.parts.uri.path()
+    }
+
+    /// A header's value, if present and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.parts.headers.get(name)?.to_str().ok()
+    }
+}
+
+/// A handler's answer. HEAD requests get the same status and headers
+/// without the body (hyper drops it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn new(status: u16, content_type: &str, body: impl Into<Vec<u8>>) -> Response {
+        Response {
+            status,
+            content_type: content_type.to_string(),
+            body: body.into(),
+        }
+    }
+
+    pub fn text(status: u16, body: &str) -> Response {
+        Response::new(status, "text/plain; charset=utf-8", body)
+    }
+}
+
+/// What answers requests.
+pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
+
+/// A running server; [`Server::shutdown`] stops it.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<Duration>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Serves `listener` on a thread named `name` until shut down.
+    pub fn spawn(
+        listener: TcpListener,
+        name: &str,
+        limits: Limits,
+        handler: Handler,
+    ) -> std::io::Result<Server> {
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(limits.max_in_flight.max(1))
+            .thread_name(format!("{name}-handler"))
+            .build()?;
+        let (stop, stopped) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || runtime.block_on(serve(listener, limits, handler, stopped)))?;
+        Ok(Server {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets connections in flight finish for at most
+    /// `grace`, and returns once the server thread is gone.
+    pub fn shutdown(mut self, grace: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(grace);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Pending connections: a cancel handle per connection still waiting for
+/// its request head.
+type Pending = Arc<Mutex<PendingSet<oneshot::Sender<()>>>>;
+
+fn leave(pending: &Pending, id: EntryId) {
+    pending.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+}
+
+async fn serve(
+    listener: TcpListener,
+    limits: Limits,
+    handler: Handler,
+    mut stopped: oneshot::Receiver<Duration>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("http-serve: cannot serve: {e}");
+            return;
+        }
+    };
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
+    let pending: Pending = Arc::new(Mutex::new(PendingSet::new(limits.pending)));
+    let grace = loop {
+        let permit = tokio::select! {
+            grace = &mut stopped => break grace.unwrap_or_default(),
+            p = connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            grace = &mut stopped => break grace.unwrap_or_default(),
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(_) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let (cancel, cancelled) = oneshot::channel();
+        let (id, evicted) = pending.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            peer.ip(),
+            Instant::now() + limits.header_deadline,
+            cancel,
+        );
+        for c in evicted {
+            let _ = c.send(());
+        }
+        let conn = Connection {
+            id,
+            peer,
+            pending: pending.clone(),
+            in_flight: in_flight.clone(),
+            handler: handler.clone(),
+        };
+        tokio::spawn(async move {
+            conn.run(stream, limits, cancelled).await;
+            drop(permit);
+        });
+    };
+    drop(listener);
+    // Connections in flight hold permits; wait until all are back.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(grace, connections.acquire_many(all)).await;
+}
+
+struct Connection {
+    id: EntryId,
+    peer: SocketAddr,
+    pending: Pending,
+    in_flight: Arc<Semaphore>,
+    handler: Handler,
+}
+
+impl Connection {
+    async fn run(
+        self,
+        stream: tokio::net::TcpStream,
+        limits: Limits,
+        cancelled: oneshot::Receiver<()>,
+    ) {
+        let Connection {
+            id,
+            peer,
+            pending,
+            in_flight,
+            handler,
+        } = self;
+        let head_pending = pending.clone();
+        let service = service_fn(move |req: hyper::Request<Incoming>| {
+            // The head is complete: the connection stops being pending.
+            leave(&head_pending, id);
+            let (parts, _body) = req.into_parts();
+            let request = Request { parts, peer };
+            let handler = handler.clone();
+            let in_flight = in_flight.clone();
+            async move {
+                let answer = match in_flight.try_acquire_owned() {
+                    Ok(permit) => {
+                        let handled = tokio::task::spawn_blocking(move || {
+                            let answer = handler(&request);
+                            drop(permit);
+                            answer
+                        })
+                        .await;
+                        handled.unwrap_or_else(|_| Response::text(500, "handler failed\n"))
+                    }
+                    Err(_) => Response::text(503, "too many requests in flight; try again\n"),
+                };
+                Ok::<_, Infallible>(to_hyper(answer))
+            }
+        });
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_deadline)
+            .max_buf_size(limits.max_header_bytes.max(8192))
+            .keep_alive(false);
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        tokio::select! {
+            _ = tokio::time::timeout(limits.connection_deadline, conn) => {}
+            // Only an eviction sends; leaving the pool drops the sender.
+            Ok(()) = cancelled => {}
+        }
+        leave(&pending, id);
+    }
+}
+
+fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
+    // Explicit, so HEAD answers carry it too (hyper sends no body for them).
+    let length = hyper::header::HeaderValue::from(r.body.len());
+    let mut answer = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    *answer.status_mut() = hyper::StatusCode::from_u16(r.status)
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&r.content_type) {
+        answer.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    answer
+        .headers_mut()
+        .insert(hyper::header::CONTENT_LENGTH, length);
+    answer
+}
