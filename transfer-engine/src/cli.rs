@@ -20,14 +20,18 @@ usage:
                  [--stats-listen ADDR:PORT] [--max-sessions N]
   longhaul send --to HOST:PORT [--streams N] [--buffer SIZE] [--cc ALG] [--rate RATE]
                 [--time SECS | --bytes SIZE] [--bidir] [--reverse] [--interval SECS]
-                [--json] [--token-file F] [PATH...] [--dest DIR]
+                [--json] [--token-file F] [--strict] [PATH...] [--dest DIR]
                 [--io-workers-per-device N] [--direct] [--follow-symlinks] [--no-resume]
+                [--checksum]
   longhaul sweep --to HOST:PORT [--streams LIST] [--buffer LIST] [--messages LIST]
                  [--time SECS] [--load N] [--out DIR] [--json] [--token-file F] [--cc ALG]
   longhaul advise --to HOST:PORT [--rate RATE] [--pings N] [--json] [--token-file F]
   longhaul report RESULTS_DIR [--out FILE] [--title TEXT]
                   [--prometheus URL --from T --to T [--step SECS]]
 
+--strict: fail (exit 1) when a stream moved no bytes (always warned about).
+--checksum: skip a file already on the receiver only if its content hashes the same
+  (default: same size and mtime; reported as skipped but not verified).
 SIZE: bytes with K, M, G suffix (binary), e.g. 2M. RATE: bits/s with K, M, G suffix, e.g. 5G.
 Exit codes: 0 success, 1 transfer failed, 2 usage error.";
 
@@ -162,6 +166,7 @@ fn parse_send(args: &mut Args) -> Result<SendOptions> {
         direction: Direction::Send,
         interval: None,
         json: false,
+        strict: false,
         token: None,
         paths: Vec::new(),
         dest: None,
@@ -245,6 +250,14 @@ fn parse_send(args: &mut Args) -> Result<SendOptions> {
                 args.no_value(&flag)?;
                 o.disk.resume = false
             }
+            "--checksum" => {
+                args.no_value(&flag)?;
+                o.disk.checksum = true
+            }
+            "--strict" => {
+                args.no_value(&flag)?;
+                o.strict = true
+            }
             "-h" | "--help" => return Err(usage(USAGE)),
             other if other.starts_with('-') && other != "-" => {
                 return Err(usage(format!("unknown flag '{other}' for send")))
@@ -264,6 +277,14 @@ fn parse_send(args: &mut Args) -> Result<SendOptions> {
     };
     if let Some(cc) = &o.cc {
         crate::sockopt::check_cc(cc).map_err(|e| usage(format!("--cc: {e}")))?;
+    }
+    if o.disk.checksum && o.paths.is_empty() {
+        return Err(usage("--checksum compares files: it needs PATHs (disk mode)"));
+    }
+    if o.disk.checksum && !o.disk.resume {
+        return Err(usage(
+            "--checksum decides which files to skip; --no-resume sends them all",
+        ));
     }
     if o.interval.is_none() && !o.json {
         o.interval = Some(1.0);

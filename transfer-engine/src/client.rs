@@ -38,6 +38,8 @@ pub struct SendOptions {
     /// Seconds between interval reports; `None` = no interval output.
     pub interval: Option<f64>,
     pub json: bool,
+    /// `--strict`: a stream that moved no bytes fails the run.
+    pub strict: bool,
     pub token: Option<Token>,
     pub paths: Vec<PathBuf>,
     pub dest: Option<String>,
@@ -237,6 +239,51 @@ fn attach_all(
     Ok((sockets, warning))
 }
 
+/// Streams that should have moved bytes (memory and messages modes: every
+/// stream has time or a share of `--bytes`) but moved none. Disk mode is
+/// left out: with fewer files than streams, idle streams are normal.
+pub fn empty_streams(req: &SessionRequest, outcome: &session::PhaseOutcome) -> Vec<u32> {
+    if req.mode == Mode::Disk {
+        return Vec::new();
+    }
+    outcome
+        .local
+        .streams
+        .iter()
+        .zip(&outcome.remote.streams)
+        .filter(|(l, r)| l.bytes == 0 && r.bytes == 0)
+        .map(|(l, _)| l.id)
+        .filter(|&id| session::stream_bytes(req, id) != Some(0))
+        .collect()
+}
+
+/// Warns about streams that moved nothing; with `--strict` they fail the
+/// run.
+fn check_empty_streams(
+    req: &SessionRequest,
+    outcome: &session::PhaseOutcome,
+    strict: bool,
+) -> Result<()> {
+    let empty = empty_streams(req, outcome);
+    if empty.is_empty() {
+        return Ok(());
+    }
+    const SHOWN: usize = 10;
+    let ids: Vec<String> = empty.iter().take(SHOWN).map(u32::to_string).collect();
+    let more = if empty.len() > SHOWN { ", ..." } else { "" };
+    let text = format!(
+        "{} of {} streams moved no bytes (streams {}{more}); the machine or the path could not keep them all busy",
+        empty.len(),
+        outcome.local.streams.len(),
+        ids.join(", ")
+    );
+    if strict {
+        return Err(Error::IdleStreams(text));
+    }
+    eprintln!("longhaul: warning: {text} (--strict makes this an error)");
+    Ok(())
+}
+
 /// Runs a whole `send`: prints interval lines to `out` as it goes and
 /// returns the final report (the caller prints it).
 pub fn run(opts: &SendOptions, out: &mut dyn Write) -> Result<FinalReport> {
@@ -300,12 +347,8 @@ pub fn run_request(
     );
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     let outcome = result?;
-    if req.mode == Mode::Disk {
-        crate::disk::plane::check(
-            outcome.local.mode_summary.as_ref(),
-            outcome.remote.mode_summary.as_ref(),
-        )?;
-    }
+    modes::check_outcome(&req, Side::Client, &outcome)?;
+    check_empty_streams(&req, &outcome, opts.strict)?;
     Ok(FinalReport::from_outcome(
         req.mode,
         req.direction,

@@ -8,13 +8,15 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::frame::Frame;
+use crate::frame::{Frame, MAX_FRAME_LEN};
 use crate::messages::Message;
 
 pub struct Connection {
     reader: BufReader<Box<dyn Read + Send>>,
     writer: TcpStream,
     peer: SocketAddr,
+    /// Largest frame payload [`Connection::recv`] takes.
+    max_frame: usize,
 }
 
 impl Connection {
@@ -38,7 +40,14 @@ impl Connection {
             reader: BufReader::new(reader),
             writer,
             peer,
+            max_frame: MAX_FRAME_LEN,
         })
+    }
+
+    /// Limits the frames [`Connection::recv`] takes (the server lowers it
+    /// while the peer has not authenticated).
+    pub fn set_max_frame(&mut self, max: usize) {
+        self.max_frame = max.min(MAX_FRAME_LEN);
     }
 
     pub fn peer(&self) -> SocketAddr {
@@ -64,7 +73,7 @@ impl Connection {
     /// Receives one message; a closed connection is [`Error::PeerAborted`],
     /// an `Error` message from the peer is returned as the matching error.
     pub fn recv(&mut self) -> Result<Message> {
-        match Frame::read_from(&mut self.reader)? {
+        match Frame::read_limited(&mut self.reader, self.max_frame)? {
             None => Err(Error::PeerAborted(format!(
                 "{} closed the control connection",
                 self.peer

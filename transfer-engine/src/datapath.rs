@@ -35,12 +35,20 @@ pub const PATTERN_LEN: usize = 8 << 20;
 /// Bytes asked from one receive call.
 pub const RECV_CHUNK: usize = 1 << 20;
 
+/// Buffer of the `read` receive method (measurements only): the copy it
+/// measures costs the same per byte whatever the buffer, and 1024 streams
+/// must not cost a gigabyte. The default `trunc` method needs no buffer.
+pub const READ_BUFFER: usize = 256 << 10;
+
 /// When a sending stream stops.
 #[derive(Debug, Clone, Copy)]
 pub enum Limit {
     /// Exactly this many payload bytes.
     Bytes(u64),
-    /// Until this instant (`--time`).
+    /// For this long after the session's streams start (`--time`); turned
+    /// into [`Limit::Until`] by [`SendBudget::started_at`].
+    For(std::time::Duration),
+    /// Until this instant.
     Until(Instant),
 }
 
@@ -55,6 +63,13 @@ pub struct SendBudget {
 }
 
 impl SendBudget {
+    /// The streams started at `start`: a [`Limit::For`] ends then.
+    pub fn started_at(&mut self, start: Instant) {
+        if let Limit::For(d) = self.limit {
+            self.limit = Limit::Until(start + d);
+        }
+    }
+
     /// Bytes to send next after `sent` so far (0 = done).
     pub fn next_chunk(&self, sent: u64, max: usize) -> usize {
         if self.stop.load(Ordering::Relaxed) {
@@ -68,6 +83,8 @@ impl SendBudget {
             Limit::Bytes(total) => (total.saturating_sub(sent)).min(max as u64) as usize,
             Limit::Until(deadline) if Instant::now() < deadline => max,
             Limit::Until(_) => 0,
+            // Not started: the stream worker calls `started_at` first.
+            Limit::For(_) => 0,
         }
     }
 }
@@ -236,7 +253,7 @@ impl DataPlane for MemoryPlane {
     fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
         Ok(Box::new(MemorySink {
             method: self.recv,
-            buf: vec![0u8; RECV_CHUNK],
+            buf: Vec::new(),
             pipe: None,
         }))
     }
@@ -367,6 +384,7 @@ impl Source for MemorySource {
 
 struct MemorySink {
     method: RecvMethod,
+    /// Only the `read` method uses it; allocated on first use.
     buf: Vec<u8>,
     pipe: Option<(OwnedFd, OwnedFd, std::fs::File)>,
 }
@@ -400,15 +418,17 @@ impl Sink for MemorySink {
         let mut total = 0u64;
         loop {
             let n = match self.method {
-                RecvMethod::Read | RecvMethod::Trunc => {
-                    let flags = if self.method == RecvMethod::Trunc {
-                        libc::MSG_TRUNC
-                    } else {
-                        0
-                    };
-                    // SAFETY: buf is RECV_CHUNK bytes long; with MSG_TRUNC TCP
-                    // does not write to it at all.
-                    unsafe { libc::recv(fd, self.buf.as_mut_ptr().cast(), self.buf.len(), flags) }
+                RecvMethod::Trunc => {
+                    // SAFETY: with MSG_TRUNC, TCP discards up to RECV_CHUNK
+                    // bytes without copying them anywhere (tcp(7)): no buffer.
+                    unsafe { libc::recv(fd, std::ptr::null_mut(), RECV_CHUNK, libc::MSG_TRUNC) }
+                }
+                RecvMethod::Read => {
+                    if self.buf.is_empty() {
+                        self.buf = vec![0u8; READ_BUFFER];
+                    }
+                    // SAFETY: buf is READ_BUFFER bytes long.
+                    unsafe { libc::recv(fd, self.buf.as_mut_ptr().cast(), self.buf.len(), 0) }
                 }
                 RecvMethod::Splice => {
                     let (r, w, null) = self.pipe()?;

@@ -42,6 +42,9 @@ pub enum Error {
     /// No space left on the receiving device (disk mode).
     #[error("disk full: {0}")]
     DiskFull(String),
+    /// Streams that moved no bytes at all (`--strict`).
+    #[error("idle streams: {0}")]
+    IdleStreams(String),
     /// A socket option or mode the kernel or the peer cannot provide.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -97,6 +100,7 @@ impl Error {
             Error::ChecksumMismatch(_) => "checksum",
             Error::DiskFull(_) => "disk_full",
             Error::Unsupported(_) => "unsupported",
+            Error::IdleStreams(_) => "idle_streams",
             Error::Io { .. } => "io",
         }
     }
@@ -131,6 +135,7 @@ impl Error {
             | Error::Busy(m)
             | Error::ChecksumMismatch(m)
             | Error::DiskFull(m)
+            | Error::IdleStreams(m)
             | Error::Unsupported(m) => m.clone(),
             // Only the server sends this one (it checks the client's Hello).
             Error::VersionMismatch { ours, theirs } => {

@@ -27,6 +27,9 @@ pub const HEADER_LEN: usize = 9;
 /// while bounding what a garbage length field can make us allocate.
 pub const MAX_FRAME_LEN: usize = 1 << 20;
 
+/// Payload bytes reserved before any arrive; the buffer grows as they do.
+const INITIAL_PAYLOAD_CAPACITY: usize = 4096;
+
 /// One frame: the message type byte and its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
@@ -53,6 +56,12 @@ impl Frame {
 
     /// Parses a header; returns (type, payload length) or a protocol error.
     pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(u8, usize)> {
+        Frame::parse_header_limited(header, MAX_FRAME_LEN)
+    }
+
+    /// [`Frame::parse_header`] with a lower payload limit (the handshake
+    /// only takes small frames from a peer that has not proven anything).
+    pub fn parse_header_limited(header: &[u8; HEADER_LEN], max: usize) -> Result<(u8, usize)> {
         if header[..4] != FRAME_MAGIC {
             return Err(Error::Protocol(format!(
                 "bad frame magic {:02x?} (not a longhaul peer?)",
@@ -60,9 +69,10 @@ impl Frame {
             )));
         }
         let len = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) as usize;
-        if len > MAX_FRAME_LEN {
+        let max = max.min(MAX_FRAME_LEN);
+        if len > max {
             return Err(Error::Protocol(format!(
-                "frame length {len} exceeds the {MAX_FRAME_LEN}-byte limit"
+                "frame length {len} exceeds the {max}-byte limit"
             )));
         }
         Ok((header[4], len))
@@ -70,6 +80,13 @@ impl Frame {
 
     /// Reads one frame. `Ok(None)` on a clean end of stream before a header.
     pub fn read_from(reader: &mut impl Read) -> Result<Option<Frame>> {
+        Frame::read_limited(reader, MAX_FRAME_LEN)
+    }
+
+    /// [`Frame::read_from`] taking payloads of at most `max` bytes. The
+    /// payload buffer grows with the bytes that actually arrive, so a header
+    /// that announces a large frame costs nothing until the frame comes.
+    pub fn read_limited(reader: &mut impl Read, max: usize) -> Result<Option<Frame>> {
         let mut header = [0u8; HEADER_LEN];
         let mut got = 0;
         while got < HEADER_LEN {
@@ -85,15 +102,17 @@ impl Frame {
                 Err(e) => return Err(Error::io("reading a control frame", e)),
             }
         }
-        let (kind, len) = Frame::parse_header(&header)?;
-        let mut payload = vec![0u8; len];
-        reader.read_exact(&mut payload).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::PeerAborted("connection closed in the middle of a frame".into())
-            } else {
-                Error::io("reading a control frame", e)
-            }
-        })?;
+        let (kind, len) = Frame::parse_header_limited(&header, max)?;
+        let mut payload = Vec::with_capacity(len.min(INITIAL_PAYLOAD_CAPACITY));
+        let got = reader
+            .take(len as u64)
+            .read_to_end(&mut payload)
+            .map_err(|e| Error::io("reading a control frame", e))?;
+        if got < len {
+            return Err(Error::PeerAborted(
+                "connection closed in the middle of a frame".into(),
+            ));
+        }
         Ok(Some(Frame { kind, payload }))
     }
 

@@ -11,12 +11,16 @@
 //!   end-of-session report) and the check that the two ends agree on totals.
 //! - [`datapath`]: per-stream data sources and sinks (memory mode: a pattern
 //!   buffer and a discarding sink); [`stream`] runs one worker per stream.
+//! - [`handshake`]: the protocol's side of admission (`longhaul-admission`):
+//!   first messages, the server's half of the token handshake, attach.
 //! - [`server`] (`longhaul serve`) and [`client`] (`longhaul send`).
 //!
 //! Around them: [`sockopt`] (buffers, congestion control, pacing, TCP_INFO),
 //! [`pacer`] (in-process rate limit), [`cpu`] (/proc/stat and rusage),
 //! [`registry`] + [`stats_http`] (the stats API), [`report`] (human and JSON
-//! output), [`cli`] and [`units`] (argument parsing), [`membench`], and
+//! output), [`cli`] and [`units`] (argument parsing), [`membench`],
+//! [`logline`] (timestamped server log lines), [`memory`] (handing freed
+//! memory back after a session), and
 //! [`modes`] (which data plane serves which mode: the hook for disk mode).
 //!
 //! [`science`]: `longhaul sweep`, `advise` and `report`, and messages mode
@@ -32,7 +36,10 @@ pub mod datapath;
 pub mod disk;
 pub mod error;
 pub mod frame;
+pub mod handshake;
+pub mod logline;
 pub mod membench;
+pub mod memory;
 pub mod messages;
 pub mod modes;
 pub mod pacer;

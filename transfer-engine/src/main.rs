@@ -9,6 +9,8 @@ use longhaul::cli::{self, Command};
 use longhaul::server::Server;
 
 fn run() -> anyhow::Result<()> {
+    // A 1024-stream session is over a thousand sockets on each end.
+    let _ = longhaul_admission::raise_open_files_limit();
     match cli::parse(std::env::args().skip(1).collect())? {
         Command::Help => println!("{}", cli::USAGE),
         Command::Version => println!("longhaul {}", longhaul::SOFTWARE_VERSION),

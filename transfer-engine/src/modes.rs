@@ -12,6 +12,7 @@ use crate::connection::Connection;
 use crate::datapath::{DataPlane, MemoryPlane};
 use crate::error::{Error, Result};
 use crate::messages::{Mode, SessionRequest};
+use crate::session::{PhaseOutcome, Side};
 
 /// The server's plane for a requested session. `root` is `--root`; `conn`
 /// is the control connection, between `SessionRequest` and
@@ -20,6 +21,7 @@ pub fn server_plane(
     req: &SessionRequest,
     root: &Option<PathBuf>,
     conn: &mut Connection,
+    claimant: &crate::disk::claims::Claimant,
 ) -> Result<Arc<dyn DataPlane>> {
     match req.mode {
         Mode::Memory => Ok(Arc::new(MemoryPlane::from_env()?)),
@@ -27,6 +29,7 @@ pub fn server_plane(
             req,
             root.as_deref(),
             conn,
+            claimant,
         )?),
         Mode::Messages => Ok(Arc::new(crate::science::msgplane::MessagesPlane::new(req)?)),
     }
@@ -52,5 +55,23 @@ pub fn client_plane(req: &SessionRequest, opts: &SendOptions) -> Result<Arc<dyn 
             )?))
         }
         Mode::Messages => Ok(Arc::new(crate::science::msgplane::MessagesPlane::new(req)?)),
+    }
+}
+
+/// The mode's verdict on a finished data phase, on either end: disk mode
+/// fails when any file failed (the client exits 1, the server logs the
+/// session as failed).
+pub fn check_outcome(req: &SessionRequest, side: Side, outcome: &PhaseOutcome) -> Result<()> {
+    if req.mode != Mode::Disk {
+        return Ok(());
+    }
+    let (local, remote) = (
+        outcome.local.mode_summary.as_ref(),
+        outcome.remote.mode_summary.as_ref(),
+    );
+    // `check` takes the sender's summary first; the client is the sender.
+    match side {
+        Side::Client => crate::disk::plane::check(local, remote),
+        Side::Server => crate::disk::plane::check(remote, local),
     }
 }

@@ -1,9 +1,11 @@
 //! The server's list of sessions, as the stats API shows them.
 //!
-//! Sessions register when their handshake starts and stay visible for
+//! Sessions register once authenticated and stay visible for
 //! [`FINISHED_RETENTION`] after they end, so a scrape right after a session
-//! still sees its final counters. Stream counters are the workers' own
-//! atomics ([`StreamStats`]), so the API always reads live values.
+//! still sees its final counters. While a session runs, stream counters are
+//! the workers' own atomics ([`StreamStats`]), so the API always reads live
+//! values; when it ends they are frozen into plain numbers, so a finished
+//! session holds no socket and no worker state.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +27,11 @@ pub fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Drops sessions that ended more than [`FINISHED_RETENTION`] ago.
+fn prune(sessions: &mut Vec<Arc<SessionEntry>>) {
+    sessions.retain(|e| !matches!(e.lock().ended, Some(t) if t.elapsed() >= FINISHED_RETENTION));
+}
+
 /// One session as the stats API sees it.
 #[derive(Debug)]
 pub struct SessionEntry {
@@ -41,6 +48,8 @@ struct EntryState {
     state: api::State,
     ended: Option<Instant>,
     streams: Vec<Arc<StreamStats>>,
+    /// The streams' final counters, once the session ended.
+    frozen: Option<Vec<api::Stream>>,
     /// Disk mode: the session's device groups and their live counters.
     devices: Vec<Arc<crate::disk::devices::DeviceGroup>>,
 }
@@ -82,31 +91,17 @@ impl SessionEntry {
 
     fn to_api(&self) -> api::Session {
         let s = self.lock();
-        let mut sent = 0;
-        let mut received = 0;
-        let streams = s
-            .streams
-            .iter()
-            .map(|st| {
-                let bytes = st.bytes();
-                let direction = match st.role {
-                    Role::Send => {
-                        sent += bytes;
-                        api::Direction::Send
-                    }
-                    Role::Receive => {
-                        received += bytes;
-                        api::Direction::Receive
-                    }
-                };
-                api::Stream {
-                    id: st.id,
-                    direction,
-                    bytes,
-                    tcp: st.last_tcp(),
-                }
-            })
-            .collect();
+        let streams: Vec<api::Stream> = match &s.frozen {
+            Some(f) => f.clone(),
+            None => s.streams.iter().map(|st| live_stream(st)).collect(),
+        };
+        let (mut sent, mut received) = (0, 0);
+        for st in &streams {
+            match st.direction {
+                api::Direction::Send => sent += st.bytes,
+                _ => received += st.bytes,
+            }
+        }
         api::Session {
             id: self.id.clone(),
             peer: self.peer.clone(),
@@ -119,6 +114,18 @@ impl SessionEntry {
             streams,
             devices: s.devices.iter().map(|g| g.snapshot()).collect(),
         }
+    }
+}
+
+fn live_stream(st: &StreamStats) -> api::Stream {
+    api::Stream {
+        id: st.id,
+        direction: match st.role {
+            Role::Send => api::Direction::Send,
+            Role::Receive => api::Direction::Receive,
+        },
+        bytes: st.bytes(),
+        tcp: st.last_tcp(),
     }
 }
 
@@ -159,14 +166,16 @@ impl Registry {
                 state: api::State::Handshake,
                 ended: None,
                 streams: Vec::new(),
+                frozen: None,
                 devices: Vec::new(),
             }),
         });
         self.total.fetch_add(1, Ordering::Relaxed);
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(entry.clone());
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        // Also here, not only in `snapshot`: with nobody scraping, ended
+        // sessions must not pile up.
+        prune(&mut sessions);
+        sessions.push(entry.clone());
         entry
     }
 
@@ -183,6 +192,10 @@ impl Registry {
         for st in &s.streams {
             st.sample();
         }
+        // Freeze the counters and let go of the sockets and worker state.
+        let frozen = s.streams.iter().map(|st| live_stream(st)).collect();
+        s.frozen = Some(frozen);
+        s.streams = Vec::new();
     }
 
     /// Samples TCP_INFO of every running session's streams.
@@ -205,8 +218,7 @@ impl Registry {
     /// The stats API answer; drops sessions past their retention.
     pub fn snapshot(&self) -> api::Snapshot {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions
-            .retain(|e| !matches!(e.lock().ended, Some(t) if t.elapsed() >= FINISHED_RETENTION));
+        prune(&mut sessions);
         api::Snapshot {
             version: api::API_VERSION,
             engine: api::EngineInfo {

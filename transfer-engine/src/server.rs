@@ -1,34 +1,39 @@
-//! `longhaul serve`: accepts control and data connections on one port and
-//! runs many sessions at once.
+//! `longhaul serve`: admits control and data connections on one port
+//! (`longhaul-admission` with the protocol of [`crate::handshake`]) and runs
+//! many sessions at once.
 //!
-//! Every accepted connection gets its own short-lived thread that reads the
-//! first four bytes: the control magic starts a session, the attach magic
-//! hands a data connection to its session, anything else is dropped. A
-//! silent or misbehaving connection therefore only ever costs its own
-//! thread, for at most [`HANDSHAKE_TIMEOUT`], and never stalls the others.
+//! Until a control connection has proven the token it lives in the
+//! admission pools, under one total deadline ([`ADMISSION_DEADLINE`]);
+//! only then does it take one of the `--max-sessions` slots. Data
+//! connections attach to a session on the admission thread. A silent,
+//! trickling or garbage-sending stranger therefore costs a descriptor and a
+//! few bytes for a bounded time, and can push out only other pending
+//! connections, never a session (docs/threat-model.md).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use longhaul_admission::{Arrival, Lobby, Protocol, Settings, Ticket};
+
 use crate::attach::{
-    AttachHeader, ATTACH_LEN, ATTACH_MAGIC, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN,
+    AttachHeader, ATTACH_LEN, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN,
 };
-use crate::auth::{from_hex, proofs_equal, random_bytes, to_hex, Token, NONCE_LEN};
+use crate::auth::{random_bytes, to_hex, Token};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
-use crate::frame::FRAME_MAGIC;
-use crate::messages::{AuthOk, Challenge, Message, SessionAccepted, SessionRequest};
+use crate::handshake::{self, AuthPolicy, Proven, MAX_FIRST_MESSAGE};
+use crate::logline;
+use crate::messages::{AuthOk, Message, SessionAccepted, SessionRequest};
 use crate::modes;
 use crate::registry::{Registry, SessionEntry};
 use crate::session::{self, Event, Side, ATTACH_TIMEOUT, HANDSHAKE_TIMEOUT};
 use crate::units::{format_bps, format_bytes};
-use crate::PROTOCOL_VERSION;
 
 /// Default control/data port (DESIGN.md).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7400";
@@ -36,10 +41,25 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:7400";
 /// Default `--max-sessions`.
 pub const DEFAULT_MAX_SESSIONS: usize = 16;
 
-/// Connections still being identified (first bytes not read yet). Bounds the
-/// threads a flood of silent connections can tie up; beyond this, new
-/// connections are closed at once.
-const MAX_PENDING_CONNECTIONS: usize = 256;
+/// From accept to the token proof, in total, however the bytes trickle in.
+/// A handshake is two round trips: 10 s covers a 1 s RTT path under load.
+pub const ADMISSION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Connections waiting for their first message (a Hello frame or an attach
+/// header). They cost a descriptor and at most ~1 KiB each in one epoll
+/// thread, so the pool is large: 4,096 of them are ~5 MiB.
+pub const WAITING_CAPACITY: usize = 4096;
+
+/// One source's share of the waiting pool: a whole 1024-stream session's
+/// data connections fit, with room to spare.
+pub const WAITING_PER_SOURCE: usize = 1024;
+
+/// Control connections between Hello and the token proof, each on a thread
+/// of its own (a real client spends a round trip here).
+pub const HANDSHAKING_CAPACITY: usize = 256;
+
+/// One source's share of the handshaking pool.
+pub const HANDSHAKING_PER_SOURCE: usize = 64;
 
 /// How often the server refreshes TCP_INFO for the stats API.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -80,20 +100,23 @@ struct Context {
     opts: ServeOptions,
     registry: Arc<Registry>,
     active: AtomicUsize,
-    pending: AtomicUsize,
     slots: Mutex<HashMap<[u8; SESSION_ID_LEN], Arc<AttachSlot>>>,
     warned_buffers: AtomicBool,
+    /// Destination paths live disk sessions are writing.
+    claims: Arc<crate::disk::claims::Claims>,
 }
 
 /// A bound server, ready to [`Server::run`].
 pub struct Server {
     listener: TcpListener,
-    stats_addr: SocketAddr,
+    stats: longhaul_http_serve::Server,
     ctx: Arc<Context>,
+    /// Held for the server's life: one `longhaul serve` per `--root`.
+    _root_lock: Option<crate::disk::claims::RootLock>,
 }
 
 fn log(msg: impl std::fmt::Display) {
-    eprintln!("longhaul serve: {msg}");
+    logline::server(msg);
 }
 
 fn bind(addr: &str, what: &str) -> Result<TcpListener> {
@@ -108,13 +131,14 @@ impl Server {
         if opts.max_sessions == 0 {
             return Err(Error::Usage("--max-sessions must be at least 1".into()));
         }
+        let root_lock = match &opts.root {
+            Some(root) => Some(crate::disk::claims::RootLock::take(root)?),
+            None => None,
+        };
         let listener = bind(&opts.listen, "--listen")?;
         let stats = bind(&opts.stats_listen, "--stats-listen")?;
-        let stats_addr = stats
-            .local_addr()
-            .map_err(|e| Error::io("stats listener", e))?;
         let registry = Arc::new(Registry::new());
-        crate::stats_http::spawn(stats, registry.clone())
+        let stats = crate::stats_http::spawn(stats, registry.clone())
             .map_err(|e| Error::io("starting the stats API", e))?;
         let sampler = registry.clone();
         std::thread::Builder::new()
@@ -126,15 +150,16 @@ impl Server {
             .map_err(|e| Error::io("starting the sampler", e))?;
         Ok(Server {
             listener,
-            stats_addr,
+            stats,
             ctx: Arc::new(Context {
                 opts,
                 registry,
                 active: AtomicUsize::new(0),
-                pending: AtomicUsize::new(0),
                 slots: Mutex::new(HashMap::new()),
                 warned_buffers: AtomicBool::new(false),
+                claims: Arc::new(crate::disk::claims::Claims::default()),
             }),
+            _root_lock: root_lock,
         })
     }
 
@@ -145,79 +170,77 @@ impl Server {
     }
 
     pub fn stats_addr(&self) -> SocketAddr {
-        self.stats_addr
+        self.stats.local_addr()
     }
 
     pub fn registry(&self) -> Arc<Registry> {
         self.ctx.registry.clone()
     }
 
-    /// Accepts connections forever.
+    /// Admits connections and serves sessions forever.
     pub fn run(self) -> Result<()> {
-        for conn in self.listener.incoming() {
-            let conn = match conn {
-                Ok(c) => c,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    log(format!("accept failed: {e}"));
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            };
-            if self.ctx.pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_CONNECTIONS {
-                self.ctx.pending.fetch_sub(1, Ordering::SeqCst);
-                continue; // dropping closes it
-            }
-            let ctx = self.ctx.clone();
-            let spawned = std::thread::Builder::new()
-                .name("conn".into())
-                .spawn(move || handle_connection(conn, &ctx));
-            if spawned.is_err() {
-                self.ctx.pending.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        Ok(())
-    }
-}
-
-fn handle_connection(mut conn: TcpStream, ctx: &Arc<Context>) {
-    let peer = conn
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".into());
-    let mut magic = [0u8; 4];
-    let first = conn
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .and_then(|_| conn.read_exact(&mut magic));
-    ctx.pending.fetch_sub(1, Ordering::SeqCst);
-    if let Err(e) = first {
-        log(format!(
-            "dropped connection from {peer}: nothing sensible received ({e})"
-        ));
-        return;
-    }
-    if magic == FRAME_MAGIC {
-        let conn = match Connection::with_prefix(conn, magic.to_vec()) {
-            Ok(c) => c,
-            Err(e) => return log(format!("control connection from {peer}: {e}")),
+        let settings = Settings {
+            waiting: longhaul_admission::Limits {
+                capacity: WAITING_CAPACITY,
+                per_source: WAITING_PER_SOURCE,
+            },
+            handshaking: longhaul_admission::Limits {
+                capacity: HANDSHAKING_CAPACITY,
+                per_source: HANDSHAKING_PER_SOURCE,
+            },
+            deadline: ADMISSION_DEADLINE,
         };
-        handle_control(conn, ctx);
-    } else if magic == ATTACH_MAGIC {
-        if let Err(e) = handle_attach(conn, ctx) {
-            log(format!("rejected data connection from {peer}: {e}"));
-        }
-    } else {
-        log(format!(
-            "dropped connection from {peer}: garbage (first bytes {magic:02x?}), not a longhaul peer"
-        ));
+        let protocol = Arc::new(EngineProtocol {
+            ctx: self.ctx.clone(),
+        });
+        Lobby::new(self.listener, protocol, settings)
+            .run()
+            .map_err(|e| Error::io("accepting connections", e))
     }
 }
 
-fn handle_attach(mut conn: TcpStream, ctx: &Context) -> Result<()> {
-    let mut bytes = [0u8; ATTACH_LEN];
-    bytes[..4].copy_from_slice(&ATTACH_MAGIC);
-    conn.read_exact(&mut bytes[4..])
-        .map_err(|e| Error::io("reading the attach header", e))?;
+/// The engine's protocol on the admission lobby.
+struct EngineProtocol {
+    ctx: Arc<Context>,
+}
+
+impl Protocol for EngineProtocol {
+    fn max_first_message(&self) -> usize {
+        MAX_FIRST_MESSAGE
+    }
+
+    fn first_message(&self, received: &[u8]) -> longhaul_admission::FirstMessage {
+        handshake::classify(received)
+    }
+
+    fn quick(&self, arrival: Arrival) {
+        let reporter = arrival.reporter.clone();
+        if let Err(e) = handle_attach(arrival, &self.ctx) {
+            reporter.report(&format!("rejected data connection: {e}"));
+        }
+    }
+
+    fn handshake(&self, arrival: Arrival, ticket: Ticket) {
+        handle_control(arrival, ticket, &self.ctx);
+    }
+
+    fn log(&self, line: &str) {
+        log(line);
+    }
+}
+
+fn handle_attach(arrival: Arrival, ctx: &Context) -> Result<()> {
+    let mut conn = arrival.stream;
+    let bytes: [u8; ATTACH_LEN] = arrival
+        .received
+        .get(..ATTACH_LEN)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Error::Protocol("short attach header".into()))?;
+    if arrival.received.len() != ATTACH_LEN {
+        return Err(Error::Protocol(
+            "bytes after the attach header before the server's answer".into(),
+        ));
+    }
     let header = AttachHeader::decode(&bytes)?;
     let slot = ctx
         .slots
@@ -276,19 +299,25 @@ fn handle_attach(mut conn: TcpStream, ctx: &Context) -> Result<()> {
         .map_err(|e| Error::io("acknowledging the attach", e))
 }
 
-fn is_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => {
-            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+/// One of the `--max-sessions` slots, given back when the session ends.
+struct SessionSlot<'a>(&'a AtomicUsize);
+
+impl<'a> SessionSlot<'a> {
+    fn take(active: &'a AtomicUsize, max: usize) -> Option<SessionSlot<'a>> {
+        let mut now = active.load(Ordering::SeqCst);
+        loop {
+            if now >= max {
+                return None;
+            }
+            match active.compare_exchange(now, now + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return Some(SessionSlot(active)),
+                Err(seen) => now = seen,
+            }
         }
     }
 }
 
-/// Decrements the active session count when a session ends, however it ends.
-struct ActiveGuard<'a>(&'a AtomicUsize);
-
-impl Drop for ActiveGuard<'_> {
+impl Drop for SessionSlot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -307,35 +336,57 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
-fn handle_control(mut conn: Connection, ctx: &Arc<Context>) {
-    let peer = conn.peer();
-    let _active = ActiveGuard(&ctx.active);
-    let busy = ctx.active.fetch_add(1, Ordering::SeqCst) >= ctx.opts.max_sessions;
+/// A control connection from its Hello on: authenticate, leave the
+/// admission pools, take a session slot, serve the session.
+fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
+    let reporter = arrival.reporter.clone();
+    let peer = arrival.peer;
+    let mut conn = match Connection::with_prefix(arrival.stream, arrival.received) {
+        Ok(c) => c,
+        Err(e) => return reporter.report(&format!("control connection: {e}")),
+    };
+    if let Err(e) = conn.set_timeout(Some(HANDSHAKE_TIMEOUT)) {
+        return reporter.report(&format!("control connection: {e}"));
+    }
+    let policy = AuthPolicy {
+        token: ctx.opts.token.clone(),
+        allow_unauthenticated: ctx.opts.allow_unauthenticated,
+    };
+    let proven = match handshake::authenticate(&mut conn, &policy) {
+        Ok(p) => p,
+        Err(e) => return reporter.report(&format!("handshake failed: {e}")),
+    };
+    if let Err(e) = ticket.admit() {
+        return reporter.report(&format!("handshake failed: {e}"));
+    }
+    let Some(_slot) = SessionSlot::take(&ctx.active, ctx.opts.max_sessions) else {
+        let e = Error::Busy(format!(
+            "already running {} sessions (--max-sessions)",
+            ctx.opts.max_sessions
+        ));
+        conn.send_error(&e);
+        return log(format!("session from {peer}: refused: {e}"));
+    };
     let mut entry: Option<Arc<SessionEntry>> = None;
-    let result = serve_session(&mut conn, ctx, busy, &mut entry);
+    let result = serve_session(&mut conn, ctx, &proven, &mut entry);
     // Wake the control reader thread, if any, and tell the client we are done.
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
-    match result {
-        Ok(summary) => {
-            if let Some(e) = &entry {
-                ctx.registry.finish(e, true);
-            }
-            log(format!("session from {peer}: finished: {summary}"));
-        }
-        Err(err) => {
-            if let Some(e) = &entry {
-                ctx.registry.finish(e, false);
-            }
-            log(format!("session from {peer}: failed: {err}"));
-        }
+    if let Some(e) = &entry {
+        ctx.registry.finish(e, result.is_ok());
     }
+    match result {
+        Ok(summary) => log(format!("session from {peer}: finished: {summary}")),
+        Err(err) => log(format!("session from {peer}: failed: {err}")),
+    }
+    crate::memory::return_freed_memory();
 }
 
-/// Runs one session on the server; returns a summary line.
+/// Runs one authenticated session on the server, from `AuthOk` on; returns
+/// a summary line.
 fn serve_session(
     conn: &mut Connection,
     ctx: &Arc<Context>,
-    busy: bool,
+    proven: &Proven,
     entry_out: &mut Option<Arc<SessionEntry>>,
 ) -> Result<String> {
     let fail = |conn: &mut Connection, e: Error| -> Result<String> {
@@ -343,82 +394,13 @@ fn serve_session(
         Err(e)
     };
     let peer = conn.peer();
-    conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let hello = match conn.recv()? {
-        Message::Hello(h) => h,
-        other => {
-            return fail(
-                conn,
-                Error::Protocol(format!("expected Hello, got {:?}", other.kind())),
-            )
-        }
-    };
-    if hello.version != PROTOCOL_VERSION {
-        return fail(
-            conn,
-            Error::VersionMismatch {
-                ours: PROTOCOL_VERSION,
-                theirs: hello.version,
-            },
-        );
-    }
-    if busy {
-        return fail(
-            conn,
-            Error::Busy(format!(
-                "already running {} sessions (--max-sessions)",
-                ctx.opts.max_sessions
-            )),
-        );
-    }
+    conn.set_max_frame(crate::frame::MAX_FRAME_LEN);
     let token = ctx.opts.token.clone();
-    if token.is_none() && !ctx.opts.allow_unauthenticated && !is_loopback(peer.ip()) {
-        return fail(
-            conn,
-            Error::Auth(format!(
-                "{} is not a loopback peer and the server has no --token-file (or --allow-unauthenticated)",
-                peer.ip()
-            )),
-        );
-    }
-    let client_nonce = from_hex(&hello.client_nonce)?;
-    if client_nonce.len() != NONCE_LEN {
-        return fail(
-            conn,
-            Error::Protocol("client nonce has the wrong length".into()),
-        );
-    }
-    let server_nonce = random_bytes::<NONCE_LEN>();
-    conn.send(&Message::Challenge(Challenge {
-        version: PROTOCOL_VERSION,
-        server_nonce: to_hex(&server_nonce),
-        token_required: token.is_some(),
-    }))?;
-    let auth = match conn.recv()? {
-        Message::Auth(a) => a,
-        other => {
-            return fail(
-                conn,
-                Error::Protocol(format!("expected Auth, got {:?}", other.kind())),
-            )
-        }
-    };
-    if let Some(t) = &token {
-        let Some(proof) = auth.proof else {
-            return fail(
-                conn,
-                Error::Auth("the server requires a token: pass --token-file".into()),
-            );
-        };
-        let expected = t.client_proof(&server_nonce, &client_nonce);
-        if !proofs_equal(&from_hex(&proof)?, &expected) {
-            return fail(conn, Error::Auth("wrong token".into()));
-        }
-    }
+    let (server_nonce, client_nonce) = (&proven.server_nonce, &proven.client_nonce);
     conn.send(&Message::AuthOk(AuthOk {
         proof: token
             .as_ref()
-            .map(|t| to_hex(&t.server_proof(&server_nonce, &client_nonce))),
+            .map(|t| to_hex(&t.server_proof(server_nonce, client_nonce))),
     }))?;
     // `longhaul advise` pings instead of asking for a session.
     let mut pings = 0u64;
@@ -444,20 +426,30 @@ fn serve_session(
     if let Err(e) = session::validate(&req) {
         return fail(conn, e);
     }
-    let plane = match modes::server_plane(&req, &ctx.opts.root, conn) {
+    let session_id = random_bytes::<SESSION_ID_LEN>();
+    let session_hex = to_hex(&session_id);
+    let plane = match modes::server_plane(
+        &req,
+        &ctx.opts.root,
+        conn,
+        &crate::disk::claims::Claimant {
+            claims: ctx.claims.clone(),
+            session: session_hex.clone(),
+            peer,
+        },
+    ) {
         Ok(p) => p,
         Err(e) => return fail(conn, e),
     };
 
-    let session_id = random_bytes::<SESSION_ID_LEN>();
     let (key, sent_key) = match &token {
-        Some(t) => (t.attach_key(&server_nonce, &client_nonce).to_vec(), None),
+        Some(t) => (t.attach_key(server_nonce, client_nonce).to_vec(), None),
         None => {
             let k = random_bytes::<32>().to_vec();
             (k.clone(), Some(to_hex(&k)))
         }
     };
-    let entry = ctx.registry.add(to_hex(&session_id), peer.to_string());
+    let entry = ctx.registry.add(session_hex.clone(), peer.to_string());
     entry.set_request(req.mode, req.direction);
     *entry_out = Some(entry.clone());
     let total = session::total_streams(&req);
@@ -473,7 +465,7 @@ fn serve_session(
     );
     let slot_guard = SlotGuard(ctx, session_id);
     conn.send(&Message::SessionAccepted(SessionAccepted {
-        session_id: to_hex(&session_id),
+        session_id: session_hex.clone(),
         attach_key: sent_key,
     }))?;
 
@@ -502,14 +494,17 @@ fn serve_session(
         SAMPLE_INTERVAL,
         &mut |_, _| {},
     )?;
+    modes::check_outcome(&req, Side::Server, &outcome)?;
     let bytes: u64 = outcome.local.streams.iter().map(|s| s.bytes).sum();
     let secs = outcome.local.seconds.max(1e-9);
+    let empty = crate::client::empty_streams(&req, &outcome).len();
+    let warning = match empty {
+        0 => String::new(),
+        n => format!("; warning: {n} streams moved no bytes"),
+    };
     Ok(format!(
-        "session {}: {} streams, {} in {:.2} s ({})",
-        to_hex(&session_id),
-        total,
+        "session {session_hex}: {total} streams, {} in {secs:.2} s ({}){warning}",
         format_bytes(bytes),
-        secs,
         format_bps(bytes as f64 * 8.0 / secs)
     ))
 }
@@ -580,19 +575,4 @@ fn wait_for_attach(events: &Receiver<Event>, total: u32) -> Result<Vec<TcpStream
         .into_iter()
         .map(|s| s.expect("all attached"))
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_loopback;
-
-    #[test]
-    fn loopback_peers_include_v4_mapped() {
-        assert!(is_loopback("127.0.0.1".parse().unwrap()));
-        assert!(is_loopback("127.1.2.3".parse().unwrap()));
-        assert!(is_loopback("::1".parse().unwrap()));
-        assert!(is_loopback("::ffff:127.0.0.1".parse().unwrap()));
-        assert!(!is_loopback("10.0.0.1".parse().unwrap()));
-        assert!(!is_loopback("::ffff:10.0.0.1".parse().unwrap()));
-    }
 }

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::messages::{Direction, Done, Message, Role, SessionRequest, StreamReport};
 use crate::pacer::Pacer;
 use crate::sockopt;
-use crate::stream::{self, StreamStats, Work};
+use crate::stream::{self, StartGate, StreamStats, Work};
 
 /// Connecting to the server. A WAN path answers a SYN within a few RTTs;
 /// 10 s covers slow paths and a busy server's accept queue.
@@ -31,10 +31,21 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// client said `Start`. 1024 connections over a long path take a while.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A data socket with no progress for this long is dead (SO_RCVTIMEO and
-/// SO_SNDTIMEO). TCP's own retransmission timeout gives up after ~15 min;
-/// a test campaign wants to know much sooner.
+/// A data stream with no progress for this long is dead: the session's
+/// watchdog ([`WATCHDOG_PERIOD`]) fails it, naming the stream. Progress is
+/// anything TCP moved on the socket (payload, keep-alives), so a paced or
+/// idle-but-alive stream is not dead. TCP's own retransmission timeout
+/// gives up after ~15 min; a test campaign wants to know much sooner.
 pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often the watchdog looks at every stream's progress; the idle
+/// timeout fires within this much of [`DATA_IDLE_TIMEOUT`].
+pub const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
+
+/// SO_RCVTIMEO/SO_SNDTIMEO of data sockets: a backstop behind the watchdog
+/// (a blocking call cannot hang past it even if the session thread is
+/// stuck), longer than [`DATA_IDLE_TIMEOUT`] so the watchdog speaks first.
+pub const DATA_SOCKET_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// After the data phase: waiting for the receiver to close and for the
 /// peer's `Done`. The peer only has to finish draining its buffers.
@@ -151,8 +162,8 @@ pub fn configure_data_socket(
         sockopt::set_max_pacing_rate(sock, per_stream)?;
     }
     let set = sock
-        .set_read_timeout(Some(DATA_IDLE_TIMEOUT))
-        .and_then(|_| sock.set_write_timeout(Some(DATA_IDLE_TIMEOUT)));
+        .set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
+        .and_then(|_| sock.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)));
     set.map_err(|e| Error::io("setting data socket timeouts", e))?;
     Ok(warning)
 }
@@ -195,10 +206,8 @@ pub fn run_data_phase(
     tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
 ) -> Result<PhaseOutcome> {
     let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let cpu_start = CpuSnapshot::now();
     let result = data_phase_inner(
-        req, plane, streams, control, events, events_tx, tick_every, tick, &stop, start, cpu_start,
+        req, plane, streams, control, events, events_tx, tick_every, tick, &stop,
     );
     if let Err(e) = &result {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -222,13 +231,14 @@ fn data_phase_inner(
     tick_every: Duration,
     tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
     stop: &Arc<AtomicBool>,
-    start: Instant,
-    cpu_start: CpuSnapshot,
 ) -> Result<PhaseOutcome> {
     let limit_for = |id: u32| match stream_bytes(req, id) {
         Some(b) => Limit::Bytes(b),
-        None => Limit::Until(start + Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
+        None => Limit::For(Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
     };
+    let gate = Arc::new(StartGate::default());
+    // However this function returns, no worker is left waiting at the gate.
+    let _release = GateRelease(&gate);
     let pacer = req.rate_bps.map(|r| Arc::new(Pacer::new(r)));
     for s in streams {
         let work = match s.role {
@@ -242,9 +252,13 @@ fn data_phase_inner(
             ),
             Role::Receive => Work::Receive(plane.sink(s.id)?),
         };
-        stream::spawn(s.clone(), work, events_tx.clone())?;
+        stream::spawn(s.clone(), work, gate.clone(), events_tx.clone())?;
     }
+    // Every worker exists: start the clock and let them all go at once.
+    let cpu_start = CpuSnapshot::now();
+    let start = gate.open();
 
+    let mut watchdog = Watchdog::new(streams.len(), start);
     let mut pending = streams.len();
     let mut local: Option<Done> = None;
     let mut remote: Option<Done> = None;
@@ -260,9 +274,10 @@ fn data_phase_inner(
                 ));
             }
         }
-        let wait = next_tick.saturating_duration_since(now);
+        let wait = next_tick.min(watchdog.next).saturating_duration_since(now);
         match events.recv_timeout(wait) {
-            Ok(Event::Worker { result: Ok(_), .. }) => {
+            Ok(Event::Worker { result: Ok(_), id }) => {
+                watchdog.finished(id);
                 pending -= 1;
                 if pending == 0 {
                     let done = Done {
@@ -288,11 +303,17 @@ fn data_phase_inner(
             Ok(Event::Control(Err(e))) => return Err(e),
             Ok(Event::Attached { .. }) => {} // a late duplicate; dropping it closes it
             Err(RecvTimeoutError::Timeout) => {
-                for s in streams {
-                    s.sample();
+                let now = Instant::now();
+                if now >= next_tick {
+                    for s in streams {
+                        s.sample();
+                    }
+                    tick(streams, start.elapsed());
+                    next_tick += tick_every;
                 }
-                tick(streams, start.elapsed());
-                next_tick += tick_every;
+                if now >= watchdog.next {
+                    watchdog.check(streams, now)?;
+                }
             }
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(Error::PeerAborted("session channel closed".into()))
@@ -305,6 +326,64 @@ fn data_phase_inner(
     );
     verify_totals(req, &local.streams, &remote.streams)?;
     Ok(PhaseOutcome { local, remote })
+}
+
+/// Opens the start gate when the data phase ends early, so workers that
+/// were already started do not wait forever.
+struct GateRelease<'a>(&'a StartGate);
+
+impl Drop for GateRelease<'_> {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// Fails the session when a stream makes no progress for
+/// [`DATA_IDLE_TIMEOUT`].
+struct Watchdog {
+    next: Instant,
+    /// Per stream: last progress value and when it changed; `None` once
+    /// the stream's worker finished.
+    seen: Vec<Option<(u64, Instant)>>,
+}
+
+impl Watchdog {
+    fn new(streams: usize, start: Instant) -> Watchdog {
+        Watchdog {
+            next: start + WATCHDOG_PERIOD,
+            seen: vec![Some((0, start)); streams],
+        }
+    }
+
+    fn finished(&mut self, id: u32) {
+        if let Some(s) = self.seen.get_mut(id as usize) {
+            *s = None;
+        }
+    }
+
+    fn check(&mut self, streams: &[Arc<StreamStats>], now: Instant) -> Result<()> {
+        self.next = now + WATCHDOG_PERIOD;
+        for (s, seen) in streams.iter().zip(self.seen.iter_mut()) {
+            let Some((last, since)) = seen else {
+                continue;
+            };
+            let p = s.progress();
+            if p != *last {
+                *seen = Some((p, now));
+            } else if now.duration_since(*since) >= DATA_IDLE_TIMEOUT {
+                return Err(Error::Timeout(format!(
+                    "stream {}: no data moved for {} s (the data idle timeout): the peer stopped {}",
+                    s.id,
+                    DATA_IDLE_TIMEOUT.as_secs(),
+                    match s.role {
+                        Role::Send => "reading",
+                        Role::Receive => "sending",
+                    }
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Checks that for every stream the receiver got exactly what the sender

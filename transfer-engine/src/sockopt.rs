@@ -170,10 +170,9 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_ne_bytes(a)
 }
 
-/// Samples TCP_INFO. Offsets follow `struct tcp_info` in linux/tcp.h (a
-/// stable ABI: fields are only ever appended). Returns `None` if the socket
-/// is gone or the kernel is too old to report the fields we use.
-pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
+/// The kernel's `struct tcp_info` of a socket, if it answers with at least
+/// the fields we read.
+fn raw_tcp_info(sock: &impl AsRawFd) -> Option<[u8; 256]> {
     let mut buf = [0u8; 256];
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: buf/len describe a local buffer.
@@ -189,6 +188,14 @@ pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
     if rc != 0 || (len as usize) < TCP_INFO_LEN {
         return None;
     }
+    Some(buf)
+}
+
+/// Samples TCP_INFO. Offsets follow `struct tcp_info` in linux/tcp.h (a
+/// stable ABI: fields are only ever appended). Returns `None` if the socket
+/// is gone or the kernel is too old to report the fields we use.
+pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
+    let buf = raw_tcp_info(sock)?;
     let snd_mss = u32_at(&buf, 16) as u64;
     let snd_cwnd = u32_at(&buf, 80) as u64;
     Some(TcpInfo {
@@ -199,6 +206,13 @@ pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
         pacing_rate_bps: u64_at(&buf, 104).saturating_mul(8),
         delivery_rate_bps: u64_at(&buf, 160).saturating_mul(8),
     })
+}
+
+/// `tcpi_bytes_acked + tcpi_bytes_received` of a socket: everything it
+/// has moved either way, as TCP counts it.
+pub fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
+    let buf = raw_tcp_info(sock)?;
+    Some(u64_at(&buf, 120).wrapping_add(u64_at(&buf, 128)))
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::Instant;
 
 use longhaul_stats_api::TcpInfo;
 
@@ -67,6 +68,14 @@ impl StreamStats {
         }
     }
 
+    /// Bytes this end moved plus what TCP acknowledged and received on the
+    /// socket (headers, keep-alives, control bytes included): it grows while
+    /// the stream makes any progress at all.
+    pub fn progress(&self) -> u64 {
+        self.bytes()
+            .wrapping_add(sockopt::tcp_progress(&*self.socket).unwrap_or(0))
+    }
+
     /// Unblocks the worker when the session fails.
     pub fn abort(&self) {
         let _ = self.socket.shutdown(Shutdown::Both);
@@ -79,14 +88,59 @@ pub enum Work {
     Receive(Box<dyn Sink>),
 }
 
-fn run(stats: &StreamStats, work: Work) -> Result<u64> {
+/// Holds a session's stream workers until every one of them exists, then
+/// lets them all go at the same instant, which is also when `--time`
+/// starts. Without it the first workers would saturate the CPUs while the
+/// session thread is still starting the others, and on a busy machine the
+/// last hundreds of a 1024-stream session would start after the deadline
+/// and move nothing. Waiting workers are parked and woken one by one with
+/// no lock to take on the way out: a condition variable would make 1024
+/// woken threads queue for its mutex behind the streams already running,
+/// which starves the tail of the queue just the same.
+#[derive(Debug, Default)]
+pub struct StartGate {
+    start: OnceLock<Instant>,
+    waiting: Mutex<Vec<Thread>>,
+}
+
+impl StartGate {
+    /// Opens the gate (once; later calls return the same instant).
+    pub fn open(&self) -> Instant {
+        let t = *self.start.get_or_init(Instant::now);
+        let waiting = std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in waiting {
+            w.unpark();
+        }
+        t
+    }
+
+    /// Waits until the gate opens; returns when it did.
+    pub fn wait(&self) -> Instant {
+        // Register before looking: `open` sets the instant before it takes
+        // the list, so either we see the instant or we are on the list.
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(std::thread::current());
+        loop {
+            if let Some(t) = self.start.get() {
+                return *t;
+            }
+            std::thread::park();
+        }
+    }
+}
+
+fn run(stats: &StreamStats, work: Work, gate: &StartGate) -> Result<u64> {
     let sock = &*stats.socket;
     let ctx = |what: &str| format!("stream {}: {what}", stats.id);
+    let start = gate.wait();
     match work {
-        Work::Send(mut source, budget) => {
+        Work::Send(mut source, mut budget) => {
+            budget.started_at(start);
             let n = source
                 .pump(sock, &budget, &stats.bytes)
-                .map_err(|e| prefix(e, &ctx("sending")))?;
+                .map_err(|e| prefix(e, stats.id))?;
             stats.sample();
             sock.shutdown(Shutdown::Write)
                 .map_err(|e| Error::io(ctx("half-closing"), e))?;
@@ -107,7 +161,7 @@ fn run(stats: &StreamStats, work: Work) -> Result<u64> {
         Work::Receive(mut sink) => {
             let n = sink
                 .drain(sock, &stats.bytes)
-                .map_err(|e| prefix(e, &ctx("receiving")))?;
+                .map_err(|e| prefix(e, stats.id))?;
             stats.sample();
             let _ = sock.shutdown(Shutdown::Both);
             Ok(n)
@@ -115,8 +169,11 @@ fn run(stats: &StreamStats, work: Work) -> Result<u64> {
     }
 }
 
-/// Adds which stream failed to an error's message, keeping its kind.
-fn prefix(err: Error, what: &str) -> Error {
+/// Adds which stream failed to an error's message, keeping its kind. The
+/// message already says what was being done ("sending: ..."), so only the
+/// stream is added.
+fn prefix(err: Error, id: u32) -> Error {
+    let what = format!("stream {id}");
     match err {
         Error::Io { context, source } => Error::io(format!("{what}: {context}"), source),
         Error::PeerAborted(m) => Error::PeerAborted(format!("{what}: {m}")),
@@ -127,12 +184,17 @@ fn prefix(err: Error, what: &str) -> Error {
     }
 }
 
-/// Starts the worker thread of one stream.
-pub fn spawn(stats: Arc<StreamStats>, work: Work, events: Sender<Event>) -> Result<JoinHandle<()>> {
+/// Starts the worker thread of one stream; it waits at `gate`.
+pub fn spawn(
+    stats: Arc<StreamStats>,
+    work: Work,
+    gate: Arc<StartGate>,
+    events: Sender<Event>,
+) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("stream-{}", stats.id))
         .spawn(move || {
-            let result = run(&stats, work);
+            let result = run(&stats, work, &gate);
             let _ = events.send(Event::Worker {
                 id: stats.id,
                 result,

@@ -56,6 +56,23 @@ pub struct Arrival {
     pub peer: SocketAddr,
     /// When it was accepted.
     pub accepted: Instant,
+    /// Logs why the connection was dropped, through the port's rate limit.
+    pub reporter: Reporter,
+}
+
+/// Logs lines about one connection through its port's rate limit.
+#[derive(Clone)]
+pub struct Reporter {
+    peer: SocketAddr,
+    shared: Arc<dyn TicketPool>,
+}
+
+impl Reporter {
+    /// Logs "dropped connection from PEER: WHY".
+    pub fn report(&self, why: &str) {
+        self.shared
+            .note(&format!("dropped connection from {}: {why}", self.peer));
+    }
 }
 
 /// One protocol on one port.
@@ -158,7 +175,6 @@ impl<P: Protocol> Shared<P> {
 /// out of the pool (the handshake ended without admission).
 pub struct Ticket {
     id: EntryId,
-    peer: SocketAddr,
     shared: Arc<dyn TicketPool>,
 }
 
@@ -216,11 +232,6 @@ impl Ticket {
         }
     }
 
-    /// Logs why a handshake failed, through the port's rate limit.
-    pub fn report(&self, why: &str) {
-        self.shared
-            .note(&format!("dropped connection from {}: {why}", self.peer));
-    }
 }
 
 impl Drop for Ticket {
@@ -345,6 +356,13 @@ impl<P: Protocol> Lobby<P> {
         }
     }
 
+    fn reporter(&self, peer: SocketAddr) -> Reporter {
+        Reporter {
+            peer,
+            shared: self.shared.clone(),
+        }
+    }
+
     fn close_waiting(&self, epoll: &Epoll, w: Waiting, why: &str) {
         let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
         self.shared
@@ -453,11 +471,13 @@ impl<P: Protocol> Lobby<P> {
             }
             FirstMessage::Quick => {
                 if w.stream.set_nonblocking(false).is_ok() {
+                    let reporter = self.reporter(w.peer);
                     self.shared.protocol.quick(Arrival {
                         stream: w.stream,
                         received: w.received,
                         peer: w.peer,
                         accepted: w.accepted,
+                        reporter,
                     });
                 }
             }
@@ -485,10 +505,10 @@ impl<P: Protocol> Lobby<P> {
         }
         let ticket = Ticket {
             id,
-            peer: w.peer,
             shared: self.shared.clone(),
         };
         let arrival = Arrival {
+            reporter: self.reporter(w.peer),
             stream: w.stream,
             received: w.received,
             peer: w.peer,

@@ -29,6 +29,7 @@
 
 pub mod buffer;
 pub mod checksum;
+pub mod claims;
 pub mod devices;
 pub mod partial;
 pub mod plane;
@@ -66,6 +67,9 @@ pub struct DiskOptions {
     pub follow_symlinks: bool,
     /// Skip complete files and continue partial ones (default; `--no-resume`).
     pub resume: bool,
+    /// Skip a file only if its content matches, not on size and mtime alone
+    /// (`--checksum`); the sender hashes every file before the session.
+    pub checksum: bool,
     /// Number of data streams that move blocks; sizes the buffer pool.
     pub streams: usize,
     /// sysfs root for the topology lookup (tests point it at fixtures).
@@ -79,6 +83,7 @@ impl Default for DiskOptions {
             direct: false,
             follow_symlinks: false,
             resume: true,
+            checksum: false,
             streams: 1,
             sysfs: PathBuf::from("/sys"),
         }
@@ -98,6 +103,8 @@ pub enum DiskError {
     Refused { path: String, reason: String },
     #[error("source changed during read: {path}")]
     SourceChanged { path: String },
+    #[error("{path} is being written by another session ({by}); retry when it ends")]
+    InUse { path: String, by: String },
     #[error("source vanished: {path}")]
     SourceVanished { path: String },
     #[error("{path}: {source}")]
@@ -130,6 +137,7 @@ impl DiskError {
             DiskError::Refused { .. } => "refused",
             DiskError::SourceChanged { .. } => "source_changed",
             DiskError::SourceVanished { .. } => "source_vanished",
+            DiskError::InUse { .. } => "in_use",
             DiskError::Io { .. } => "io",
         }
     }

@@ -15,6 +15,9 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
+use std::os::fd::AsRawFd;
+
+use super::checksum::{chunk_count, hash_prefix, FileDigest};
 use super::safepath::Dir;
 use super::wire::ManifestEntry;
 use super::CHUNK_SIZE;
@@ -107,22 +110,44 @@ pub fn discard(dir: &Dir, name: &str) -> io::Result<()> {
 /// What the receiver has of one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Have {
-    Complete,
+    /// The final file is there: same size and mtime, or, when the sender
+    /// sent a checksum (`--checksum`), same size and content.
+    Complete { by_checksum: bool },
     /// A partial file verified up to this offset.
     Partial(u64),
     Nothing,
 }
 
-/// Decide what `dir/name` already holds of `entry`.
+/// Decide what `dir/name` already holds of `entry`. With a checksum in
+/// the entry (`--checksum`) a final file of the right size is read and
+/// hashed, and skipped only if it hashes the same; its mode and mtime are
+/// then set to the sender's, so the next quick check agrees.
 pub fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<Have> {
     if let Some(st) = dir.stat(name)? {
         let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        if regular
-            && st.st_size as u64 == entry.size
-            && st.st_mtime == entry.mtime_sec
-            && st.st_mtime_nsec as u32 == entry.mtime_nsec
-        {
-            return Ok(Have::Complete);
+        let same_size = regular && st.st_size as u64 == entry.size;
+        match entry.checksum {
+            Some(want) if same_size => {
+                let file = dir.open_file(name, libc::O_RDONLY, 0)?;
+                if content_checksum(&file, entry.size)? == want {
+                    // SAFETY: valid descriptor.
+                    if unsafe { libc::fchmod(file.as_raw_fd(), entry.mode as libc::mode_t) } != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    super::safepath::set_mtime_fd(
+                        file.as_raw_fd(),
+                        (entry.mtime_sec, entry.mtime_nsec),
+                    )?;
+                    return Ok(Have::Complete { by_checksum: true });
+                }
+            }
+            None if same_size
+                && st.st_mtime == entry.mtime_sec
+                && st.st_mtime_nsec as u32 == entry.mtime_nsec =>
+            {
+                return Ok(Have::Complete { by_checksum: false });
+            }
+            _ => {}
         }
     }
     let Some(state) = load_state(dir, name) else {
@@ -144,6 +169,15 @@ pub fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<
     }
 }
 
+/// The file checksum ([`super::checksum`]) of a `size`-byte file's
+/// content, holes hashed without reading them.
+pub fn content_checksum(file: &std::fs::File, size: u64) -> io::Result<u64> {
+    let mut buf = vec![0u8; CHUNK_SIZE as usize];
+    let mut digest = FileDigest::default();
+    hash_prefix(file, size, chunk_count(size), true, &mut buf, &mut digest)?;
+    Ok(digest.finish())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::safepath::Root;
@@ -160,6 +194,7 @@ mod tests {
             mtime_nsec: 5,
             sparse: false,
             device: "x".into(),
+            checksum: None,
         }
     }
 
@@ -202,7 +237,25 @@ mod tests {
             (e.mtime_sec, e.mtime_nsec),
         )
         .unwrap();
-        assert_eq!(what_we_have(&dir, "f", &e).unwrap(), Have::Complete);
+        assert_eq!(
+            what_we_have(&dir, "f", &e).unwrap(),
+            Have::Complete { by_checksum: false }
+        );
+        // With a checksum, size and mtime are not enough: the content decides.
+        let mut with_sum = e.clone();
+        with_sum.checksum = Some(super::super::checksum::checksum_bytes(&vec![
+            1u8;
+            e.size as usize
+        ]));
+        assert_eq!(what_we_have(&dir, "f", &with_sum).unwrap(), Have::Nothing);
+        with_sum.checksum = Some(super::super::checksum::checksum_bytes(&vec![
+            0u8;
+            e.size as usize
+        ]));
+        assert_eq!(
+            what_we_have(&dir, "f", &with_sum).unwrap(),
+            Have::Complete { by_checksum: true }
+        );
         discard(&dir, "f").unwrap();
         assert!(!base.join(part_name("f")).exists());
         std::fs::remove_dir_all(&base).unwrap();

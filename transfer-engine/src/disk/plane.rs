@@ -31,6 +31,7 @@ use crate::datapath::{DataPlane, SendBudget, Sink, Source};
 use crate::error::{Error, Result};
 use crate::messages::{Direction, Message, SessionRequest};
 
+use super::claims::Claimant;
 use super::devices::DeviceGroup;
 use super::reader::SendPipeline;
 use super::source::SourceSet;
@@ -64,6 +65,9 @@ pub struct DiskParams {
     /// Number of manifest entries that follow.
     pub entries: u64,
     pub chunk_size: u64,
+    /// `--checksum`: manifest entries carry checksums; skips compare content.
+    #[serde(default)]
+    pub checksum: bool,
 }
 
 /// Disk-mode control messages, carried as `ModeData`.
@@ -155,6 +159,7 @@ impl ClientPlane {
             direct: opts.direct,
             entries: src.manifest.entries.len() as u64,
             chunk_size: CHUNK_SIZE,
+            checksum: opts.checksum,
         };
         Ok(ClientPlane {
             params,
@@ -300,6 +305,7 @@ impl DataPlane for ClientPlane {
         Ok(Some(json!({
             "sender": {
                 "entries": self.params.entries,
+                "checksum": self.params.checksum,
                 "skipped": skipped,
                 "resumed": resumed,
                 "failures": failures,
@@ -327,6 +333,7 @@ pub fn server_plane(
     req: &SessionRequest,
     root: Option<&Path>,
     conn: &mut Connection,
+    claimant: &Claimant,
 ) -> Result<Arc<ServerPlane>> {
     let Some(root) = root else {
         return Err(Error::Unsupported(
@@ -381,7 +388,8 @@ pub fn server_plane(
         chunk_size: params.chunk_size,
         entries,
     };
-    let (pipeline, plan) = ReceivePipeline::prepare(root, &manifest, &opts).map_err(to_error)?;
+    let (pipeline, plan) =
+        ReceivePipeline::prepare(root, &manifest, &opts, Some(claimant)).map_err(to_error)?;
     send_plan(conn, plan)?;
     Ok(Arc::new(ServerPlane { pipeline }))
 }
@@ -465,11 +473,11 @@ impl DataPlane for ServerPlane {
         let report = self.pipeline.finish();
         // The operator sees failed files in the server log too.
         for f in report.failures.iter().take(LOGGED_FAILURES) {
-            eprintln!("longhaul serve: disk: {}", f.error);
+            crate::logline::server(format!("disk: {}", f.error));
         }
         if report.failures.len() > LOGGED_FAILURES {
             let more = report.failures.len() - LOGGED_FAILURES;
-            eprintln!("longhaul serve: disk: ... and {more} more failed files");
+            crate::logline::server(format!("disk: ... and {more} more failed files"));
         }
         Ok(Some(json!({ "receiver": report })))
     }
@@ -507,11 +515,24 @@ pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Va
         .cloned()
         .unwrap_or(Value::Null);
     let failures = all_failures(local, remote);
+    let sent = report.files.saturating_sub(report.skipped);
+    let sent_bytes = report.file_bytes.saturating_sub(report.skipped_bytes);
+    // Skipped on size and mtime alone: nobody compared their content.
+    let unverified = report.skipped.saturating_sub(report.skipped_by_checksum);
     let mut files = json!({
         "count": report.files,
         "bytes": report.file_bytes,
-        "verified": failures.is_empty(),
-        "skipped": sender.get("skipped").cloned().unwrap_or(json!(0)),
+        "verified": failures.is_empty() && unverified == 0,
+        "sent": sent,
+        "sent_bytes": sent_bytes,
+        "verified_bytes": sent_bytes + report.skipped_by_checksum_bytes,
+        "skipped": sender.get("skipped").cloned().unwrap_or(json!(report.skipped)),
+        "skipped_unverified": unverified,
+        "skip_check": if sender.get("checksum").and_then(Value::as_bool).unwrap_or(false) {
+            "checksum"
+        } else {
+            "size_mtime"
+        },
         "resumed": sender.get("resumed").cloned().unwrap_or(json!(0)),
     });
     if !failures.is_empty() {
@@ -542,12 +563,19 @@ pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Va
 /// Extra lines of the human summary: files and per-device IO.
 pub fn human_lines(files: &Value, devices: &Value) -> String {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let skipped = match (n(&files["skipped"]), n(&files["skipped_unverified"])) {
+        (0, _) => "0".to_string(),
+        (all, 0) => format!("{all} (same content, compared with --checksum)"),
+        (all, _) => format!(
+            "{all} (same size and mtime; content not compared: --checksum compares it)"
+        ),
+    };
     let mut out = format!(
-        "\n  files: {} ({}), verified: {}, skipped (already there): {}, resumed: {}",
+        "\n  files: {} ({}), verified: {}; sent and verified: {}, resumed: {}, skipped (already there): {skipped}",
         n(&files["count"]),
         crate::units::format_bytes(n(&files["bytes"])),
-        files["verified"].as_bool().unwrap_or(false),
-        n(&files["skipped"]),
+        if files["verified"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+        n(&files["sent"]),
         n(&files["resumed"]),
     );
     for d in devices.as_array().into_iter().flatten() {
@@ -587,6 +615,7 @@ pub fn check(local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
         "disk_full" => Error::DiskFull(text),
         "checksum" => Error::ChecksumMismatch(text),
         "refused" => Error::Refused(text),
+        "in_use" => Error::Busy(text),
         _ => Error::Io {
             context: "transfer incomplete".into(),
             source: std::io::Error::other(text),

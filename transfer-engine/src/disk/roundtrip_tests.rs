@@ -24,7 +24,7 @@ fn transfer(paths: &[PathBuf], root: &Path, dest: &str, opts: &DiskOptions) -> O
 /// Sends an already built source set (the test may change the files in
 /// between) over `opts.streams` socket pairs.
 fn transfer_source(src: SourceSet, root: &Path, opts: &DiskOptions) -> Outcome {
-    let (rx, plan) = ReceivePipeline::prepare(root, &src.manifest, opts).unwrap();
+    let (rx, plan) = ReceivePipeline::prepare(root, &src.manifest, opts, None).unwrap();
     let (tx, mut sender_failures) = src.start(&plan, opts);
     let mut threads = Vec::new();
     for _ in 0..opts.streams {
@@ -242,14 +242,14 @@ fn escaping_manifest_paths_are_refused_and_nothing_lands_outside() {
     let mut src = SourceSet::build(std::slice::from_ref(&f), "", &opts).unwrap();
     for evil in ["../outside/f", "/tmp/evil-longhaul", "link/f", "a/./b"] {
         src.manifest.entries[0].path = evil.into();
-        let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts).unwrap();
+        let (rx, plan) = ReceivePipeline::prepare(&root, &src.manifest, &opts, None).unwrap();
         assert_eq!(plan.refused.len(), 1, "{evil} not refused");
         let report = rx.finish();
         assert_eq!(report.failures.len(), 1);
     }
     src.manifest.dest = "../outside".into();
     src.manifest.entries[0].path = "f".into();
-    assert!(ReceivePipeline::prepare(&root, &src.manifest, &opts).is_err());
+    assert!(ReceivePipeline::prepare(&root, &src.manifest, &opts, None).is_err());
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
     assert!(!Path::new("/tmp/evil-longhaul").exists());
     fs::remove_dir_all(&base).unwrap();

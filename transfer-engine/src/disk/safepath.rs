@@ -178,6 +178,16 @@ impl Dir {
         matches!(self.stat(name), Ok(Some(st)) if st.st_mode & libc::S_IFMT == libc::S_IFLNK)
     }
 
+    /// (st_dev, st_ino) of the directory: which directory it is, however
+    /// it was reached.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        // SAFETY: zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out pointer.
+        cvt(unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) })?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
     /// st_dev of the directory: the device its files land on.
     pub fn dev(&self) -> io::Result<u64> {
         // SAFETY: zeroed stat is a valid out-parameter.

@@ -21,6 +21,14 @@ pub struct SourceSet {
     groups: Vec<Arc<DeviceGroup>>,
 }
 
+/// `--checksum`: the checksum of a source file before the session, so the
+/// receiver can compare its copy's content.
+fn pre_hash(src: &std::path::Path, size: u64, follow: bool) -> Result<u64> {
+    let io = |e| super::DiskError::from_io(src.display().to_string(), e);
+    let file = super::reader::open_source(src, false, follow).map_err(io)?;
+    super::partial::content_checksum(&file, size).map_err(io)
+}
+
 impl SourceSet {
     /// Walk `paths` for a transfer into `dest` on the receiver.
     pub fn build(paths: &[PathBuf], dest: &str, opts: &DiskOptions) -> Result<SourceSet> {
@@ -35,6 +43,11 @@ impl SourceSet {
                 reason: "more than 4 billion entries".into(),
             })?;
             let group = map.group_of(e.dev);
+            let checksum = if opts.checksum && e.kind == Kind::File {
+                Some(pre_hash(&e.src, e.size, opts.follow_symlinks)?)
+            } else {
+                None
+            };
             entries.push(ManifestEntry {
                 id,
                 path: e.rel.clone(),
@@ -45,6 +58,7 @@ impl SourceSet {
                 mtime_nsec: e.mtime.1,
                 sparse: e.sparse,
                 device: map.group(group).device.clone(),
+                checksum,
             });
             if e.kind == Kind::File {
                 items.push(SendItem {

@@ -37,6 +37,10 @@ pub struct ManifestEntry {
     pub sparse: bool,
     /// The sender's device group (informational).
     pub device: String,
+    /// `--checksum`: the file's checksum, hashed before the session; the
+    /// receiver skips the file only if its copy hashes the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,10 +89,22 @@ impl FileFailure {
 /// The server's summary after every data stream ended.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DiskReport {
-    /// Files complete and verified on the server (including skipped ones).
+    /// Files complete on the server: sent and verified in this session, plus
+    /// the skipped ones.
     pub files: u64,
     /// Their total size.
     pub file_bytes: u64,
+    /// Of `files`: skipped because the server had them already.
+    #[serde(default)]
+    pub skipped: u64,
+    #[serde(default)]
+    pub skipped_bytes: u64,
+    /// Of `skipped`: skipped because their content hashed the same as the
+    /// sender's (`--checksum`), not on size and mtime alone.
+    #[serde(default)]
+    pub skipped_by_checksum: u64,
+    #[serde(default)]
+    pub skipped_by_checksum_bytes: u64,
     /// Payload bytes written in this session.
     pub written_bytes: u64,
     pub failures: Vec<FileFailure>,
@@ -284,6 +300,7 @@ mod tests {
                 mtime_nsec: 6,
                 sparse: false,
                 device: "vda".into(),
+                checksum: Some(7),
             }],
         };
         let back: Manifest = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::buffer::{AlignedBuf, BufferPool};
+use super::claims::{ClaimKey, ClaimSet, Claimant};
 use super::checksum::{chunk_count, chunk_hash, chunk_len, hash_prefix, FileDigest, OrderedDigest};
 use super::devices::{snapshot, DeviceGroup, DeviceMap};
 use super::partial::{self, Have, PartState};
@@ -79,6 +80,10 @@ enum Work {
 struct Totals {
     files: u64,
     file_bytes: u64,
+    skipped: u64,
+    skipped_bytes: u64,
+    skipped_by_checksum: u64,
+    skipped_by_checksum_bytes: u64,
     failures: Vec<FileFailure>,
     done: Vec<bool>,
 }
@@ -96,6 +101,8 @@ struct Shared {
 /// The running receiver pipeline; share it (Arc) with every data stream.
 pub struct ReceivePipeline {
     shared: Arc<Shared>,
+    /// This session's claims on its destination files, released with it.
+    _claims: Option<ClaimSet>,
     senders: Mutex<Vec<SyncSender<Work>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     dirs: Vec<(String, ManifestEntry)>,
@@ -115,10 +122,14 @@ fn split_parent<'a>(comps: &'a [&'a str]) -> (&'a [&'a str], &'a str) {
 impl ReceivePipeline {
     /// Plan `manifest` beneath `root`: refuse unsafe paths, create
     /// directories, decide what to skip or resume, start writer workers.
+    /// With a `claimant` (the server), every file is claimed for this
+    /// session first ([`super::claims`]); a file another live session holds
+    /// is refused, never skipped or written.
     pub fn prepare(
         root: &Path,
         manifest: &Manifest,
         opts: &DiskOptions,
+        claimant: Option<&Claimant>,
     ) -> Result<(Arc<ReceivePipeline>, Plan), DiskError> {
         if manifest.chunk_size != CHUNK_SIZE {
             return Err(DiskError::Refused {
@@ -140,6 +151,7 @@ impl ReceivePipeline {
         };
         let mut dirs = Vec::new();
         let mut expected: Vec<Expect> = Vec::new();
+        let mut claims = claimant.map(Claimant::start);
         for (i, e) in manifest.entries.iter().enumerate() {
             if e.id as usize != i {
                 return Err(DiskError::Refused {
@@ -157,6 +169,18 @@ impl ReceivePipeline {
                 }
                 let (parent, name) = split_parent(&comps);
                 let dir = root.open_dir(parent, true, &path)?;
+                if let (Some(c), Some(set)) = (claimant, claims.as_mut()) {
+                    let key = ClaimKey {
+                        dir: dir
+                            .identity()
+                            .map_err(|err| DiskError::from_io(path.clone(), err))?,
+                        name: name.to_string(),
+                    };
+                    c.claim(set, key).map_err(|by| DiskError::InUse {
+                        path: path.clone(),
+                        by,
+                    })?;
+                }
                 let have = if manifest.resume {
                     partial::what_we_have(&dir, name, e)
                         .map_err(|err| DiskError::from_io(path.clone(), err))?
@@ -164,10 +188,16 @@ impl ReceivePipeline {
                     Have::Nothing
                 };
                 let from = match have {
-                    Have::Complete => {
+                    Have::Complete { by_checksum } => {
                         plan.skip.push(e.id);
                         totals.files += 1;
                         totals.file_bytes += e.size;
+                        totals.skipped += 1;
+                        totals.skipped_bytes += e.size;
+                        if by_checksum {
+                            totals.skipped_by_checksum += 1;
+                            totals.skipped_by_checksum_bytes += e.size;
+                        }
                         return Ok(None);
                     }
                     Have::Partial(off) => {
@@ -243,6 +273,7 @@ impl ReceivePipeline {
         }
         let pipe = ReceivePipeline {
             shared,
+            _claims: claims,
             senders: Mutex::new(senders),
             workers: Mutex::new(handles),
             dirs,
@@ -386,6 +417,10 @@ impl ReceivePipeline {
         DiskReport {
             files: t.files,
             file_bytes: t.file_bytes,
+            skipped: t.skipped,
+            skipped_bytes: t.skipped_bytes,
+            skipped_by_checksum: t.skipped_by_checksum,
+            skipped_by_checksum_bytes: t.skipped_by_checksum_bytes,
             written_bytes: self.written_bytes(),
             failures: t.failures.clone(),
             devices: snapshot(&self.shared.groups),

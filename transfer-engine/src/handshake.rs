@@ -1,0 +1,207 @@
+//! The longhaul protocol's side of admission (`longhaul-admission`): what a
+//! first message is, the control handshake up to the token proof, and the
+//! attach of data connections.
+//!
+//! - A control connection's first message is a whole `Hello` frame (at most
+//!   [`MAX_HELLO_LEN`] bytes of payload); its handshake (Challenge, Auth,
+//!   proof check) runs on a thread of its own with small frames only
+//!   ([`MAX_HANDSHAKE_FRAME`]), and [`authenticate`] returns once the peer
+//!   proved the token. Only then does the server admit it and give it a
+//!   session slot.
+//! - A data connection's first message is its 64-byte attach header; the
+//!   attach check is a lookup and an HMAC, done on the admission thread
+//!   without blocking.
+//! - Anything else is garbage.
+
+use std::net::IpAddr;
+
+use longhaul_admission::FirstMessage;
+
+use crate::attach::{ATTACH_LEN, ATTACH_MAGIC};
+use crate::auth::{from_hex, proofs_equal, random_bytes, to_hex, Token, NONCE_LEN};
+use crate::connection::Connection;
+use crate::error::{Error, Result};
+use crate::frame::{Frame, FRAME_MAGIC, HEADER_LEN};
+use crate::messages::{Challenge, Message, MessageType};
+use crate::PROTOCOL_VERSION;
+
+/// Largest `Hello` payload: a version, a 64-character nonce and a software
+/// name take ~120 bytes of JSON.
+pub const MAX_HELLO_LEN: usize = 1024;
+
+/// Largest frame taken from a peer that has not proven the token yet. The
+/// handshake's messages are a few hundred bytes each.
+pub const MAX_HANDSHAKE_FRAME: usize = 4096;
+
+/// Largest first message of any kind, for the admission pool's buffers.
+pub const MAX_FIRST_MESSAGE: usize = HEADER_LEN + MAX_HELLO_LEN;
+
+/// Classifies the first bytes of a connection (any bytes: this is what a
+/// stranger on the network controls).
+pub fn classify(received: &[u8]) -> FirstMessage {
+    let seen = received.len().min(4);
+    if received[..seen] == FRAME_MAGIC[..seen] {
+        if received.len() < HEADER_LEN {
+            return FirstMessage::NeedMore;
+        }
+        let header: [u8; HEADER_LEN] = received[..HEADER_LEN]
+            .try_into()
+            .expect("length checked above");
+        return match Frame::parse_header_limited(&header, MAX_HELLO_LEN) {
+            Err(e) => FirstMessage::Garbage(format!("control frame: {e}")),
+            Ok((kind, _)) if kind != MessageType::Hello as u8 => FirstMessage::Garbage(format!(
+                "control connection opened with message type 0x{kind:02x}, not Hello"
+            )),
+            Ok((_, len)) if received.len() < HEADER_LEN + len => FirstMessage::NeedMore,
+            Ok(_) => FirstMessage::Handshake,
+        };
+    }
+    if received[..seen] == ATTACH_MAGIC[..seen] {
+        return if received.len() < ATTACH_LEN {
+            FirstMessage::NeedMore
+        } else {
+            FirstMessage::Quick
+        };
+    }
+    FirstMessage::Garbage(format!(
+        "first bytes {:02x?}, not a longhaul peer",
+        &received[..seen]
+    ))
+}
+
+/// Who may open a session without a token.
+#[derive(Debug, Clone)]
+pub struct AuthPolicy {
+    pub token: Option<Token>,
+    pub allow_unauthenticated: bool,
+}
+
+/// A control connection that proved the token (or needed none).
+pub struct Proven {
+    pub server_nonce: [u8; NONCE_LEN],
+    pub client_nonce: Vec<u8>,
+}
+
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Server side of Hello -> Challenge -> Auth on a fresh control connection,
+/// up to (not including) `AuthOk`. On failure the peer has been told why.
+pub fn authenticate(conn: &mut Connection, policy: &AuthPolicy) -> Result<Proven> {
+    conn.set_max_frame(MAX_HANDSHAKE_FRAME);
+    let result = authenticate_inner(conn, policy);
+    if let Err(e) = &result {
+        conn.send_error(e);
+    }
+    result
+}
+
+fn authenticate_inner(conn: &mut Connection, policy: &AuthPolicy) -> Result<Proven> {
+    let peer = conn.peer();
+    let hello = match conn.recv()? {
+        Message::Hello(h) => h,
+        other => {
+            return Err(Error::Protocol(format!(
+                "expected Hello, got {:?}",
+                other.kind()
+            )))
+        }
+    };
+    if hello.version != PROTOCOL_VERSION {
+        return Err(Error::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: hello.version,
+        });
+    }
+    if policy.token.is_none() && !policy.allow_unauthenticated && !is_loopback(peer.ip()) {
+        return Err(Error::Auth(format!(
+            "{} is not a loopback peer and the server has no --token-file (or --allow-unauthenticated)",
+            peer.ip()
+        )));
+    }
+    let client_nonce = from_hex(&hello.client_nonce)?;
+    if client_nonce.len() != NONCE_LEN {
+        return Err(Error::Protocol("client nonce has the wrong length".into()));
+    }
+    let server_nonce = random_bytes::<NONCE_LEN>();
+    conn.send(&Message::Challenge(Challenge {
+        version: PROTOCOL_VERSION,
+        server_nonce: to_hex(&server_nonce),
+        token_required: policy.token.is_some(),
+    }))?;
+    let auth = match conn.recv()? {
+        Message::Auth(a) => a,
+        other => {
+            return Err(Error::Protocol(format!(
+                "expected Auth, got {:?}",
+                other.kind()
+            )))
+        }
+    };
+    if let Some(t) = &policy.token {
+        let Some(proof) = auth.proof else {
+            return Err(Error::Auth(
+                "the server requires a token: pass --token-file".into(),
+            ));
+        };
+        let expected = t.client_proof(&server_nonce, &client_nonce);
+        if !proofs_equal(&from_hex(&proof)?, &expected) {
+            return Err(Error::Auth("wrong token".into()));
+        }
+    }
+    Ok(Proven {
+        server_nonce,
+        client_nonce,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_peers_include_v4_mapped() {
+        assert!(is_loopback("127.0.0.1".parse().unwrap()));
+        assert!(is_loopback("127.1.2.3".parse().unwrap()));
+        assert!(is_loopback("::1".parse().unwrap()));
+        assert!(is_loopback("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!is_loopback("10.0.0.1".parse().unwrap()));
+        assert!(!is_loopback("::ffff:10.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn first_messages_are_classified_from_their_bytes() {
+        let hello = Message::Hello(crate::messages::Hello {
+            version: PROTOCOL_VERSION,
+            client_nonce: "ab".repeat(32),
+            software: "t".into(),
+        })
+        .to_frame()
+        .unwrap()
+        .encode()
+        .unwrap();
+        assert_eq!(classify(&hello[..3]), FirstMessage::NeedMore);
+        assert_eq!(classify(&hello[..20]), FirstMessage::NeedMore);
+        assert_eq!(classify(&hello), FirstMessage::Handshake);
+        let attach = crate::attach::AttachHeader::new(b"k", [1; 16], 3).encode();
+        assert_eq!(classify(&attach[..10]), FirstMessage::NeedMore);
+        assert_eq!(classify(&attach), FirstMessage::Quick);
+        assert!(matches!(
+            classify(b"GET / HTTP/1.1"),
+            FirstMessage::Garbage(_)
+        ));
+        // A frame that is not Hello, or a Hello too large to be one.
+        let start = Message::Start.to_frame().unwrap().encode().unwrap();
+        assert!(matches!(classify(&start), FirstMessage::Garbage(_)));
+        let mut big = FRAME_MAGIC.to_vec();
+        big.push(MessageType::Hello as u8);
+        big.extend_from_slice(&(MAX_HELLO_LEN as u32 + 1).to_be_bytes());
+        assert!(matches!(classify(&big), FirstMessage::Garbage(_)));
+    }
+}
