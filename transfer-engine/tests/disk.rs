@@ -289,8 +289,17 @@ fn resume_after_receiver_kill_sends_less() {
     ]);
     assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
     let j = second.json();
-    assert_eq!(j["files"]["verified"], true, "{j}");
+    // A file the first run completed is skipped on size and mtime: it is
+    // there, but this run did not compare its content, so only a run that
+    // sent (or compared) everything may say "verified".
+    let unverified = j["files"]["skipped_unverified"].as_u64().unwrap();
+    assert_eq!(j["files"]["verified"], unverified == 0, "{j}");
     assert_eq!(j["files"]["count"], 3);
+    assert_eq!(
+        j["files"]["sent"].as_u64().unwrap() + j["files"]["skipped"].as_u64().unwrap(),
+        3,
+        "{j}"
+    );
     let sent = j["bytes"].as_u64().unwrap();
     assert!(
         sent < total,
@@ -302,6 +311,20 @@ fn resume_after_receiver_kill_sends_less() {
     );
     assert_same_tree(&top, &root.join("data"));
     assert!(!walk_names(&root).iter().any(|n| n.contains(".longhaul-")));
+    // --checksum compares every file's content: nothing to send, verified.
+    let third = send(&[
+        "--to",
+        &server.addr(),
+        "--checksum",
+        "--json",
+        top.to_str().unwrap(),
+    ]);
+    assert_eq!(third.code, Some(0), "stderr: {}", third.stderr);
+    let j = third.json();
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["skipped"], 3, "{j}");
+    assert_eq!(j["files"]["skip_check"], "checksum", "{j}");
+    assert_eq!(j["bytes"], 0, "{j}");
 }
 
 /// A tmpfs mounted for one test, unmounted on drop.

@@ -123,7 +123,7 @@ pub fn help_text() -> String {
     );
     let rows: &[(&str, String)] = &[
         ("--web.listen-address", format!("address to serve /metrics on (default {DEFAULT_LISTEN}; port 0 picks a free port, printed at startup)")),
-        ("--web.max-requests", format!("concurrent scrapes before answering 503 (default {DEFAULT_MAX_REQUESTS})")),
+        ("--web.max-requests", format!("requests in flight before answering 503 (default {DEFAULT_MAX_REQUESTS})")),
         ("--path.procfs", "procfs mount point (default /proc)".into()),
         ("--path.sysfs", "sysfs mount point (default /sys)".into()),
         ("--path.pciids", format!("pci.ids database for controller models (default {DEFAULT_PCI_IDS})")),

@@ -1,30 +1,39 @@
-//! A small HTTP/1.1 server over std::net for `/metrics` and `/`.
-//!
-//! One thread per connection, one request per connection (`Connection:
-//! close`), which is all Prometheus needs. Scrapes beyond `max_requests` in
-//! flight get 503 at once; connections beyond [`MAX_CONNECTIONS`] are closed
-//! unanswered. SIGTERM/SIGINT wake the accept loop through a self-pipe; the
-//! server then stops accepting and waits (bounded) for running requests.
+//! `/metrics` and `/` over HTTP, served by `longhaul-http-serve` (hyper on
+//! a small tokio runtime): the request head is bounded (`431` beyond
+//! [`MAX_REQUEST_HEAD`]) and must arrive within [`HEADER_DEADLINE`],
+//! connections still sending their head are pushed out oldest-first when
+//! too many pile up, so slow or silent clients cannot keep Prometheus out,
+//! and more than `--web.max-requests` requests at once get `503`.
+//! SIGTERM/SIGINT wake the main thread through a self-pipe; the server then
+//! stops accepting and waits (bounded) for requests in flight.
 
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use longhaul_http_serve::{Limits, Response, Server};
 
 use crate::collector::Exporter;
 use crate::metrics::{self, Format};
 
-/// Slow or idle clients are cut off after this; a scrape request is one
-/// small packet.
-const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Writing a scrape of a few hundred KB never takes this long on a live link.
-const RESPONSE_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Request head size limit; real scrape requests are ~300 bytes.
-const MAX_REQUEST_HEAD: usize = 16 * 1024;
-/// Open connections (threads) at most; beyond, new ones are dropped.
-pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
+/// The whole request head must arrive within this; a scrape request is one
+/// small packet.
+pub const HEADER_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections still sending their request head: beyond, the oldest of
+/// the biggest source are closed. Each costs a few KiB in the runtime.
+pub const MAX_PENDING: usize = 512;
+/// One source's share of the pending connections.
+pub const MAX_PENDING_PER_SOURCE: usize = 256;
+/// Open connections at most (pending ones included); beyond, new ones wait
+/// in the kernel's accept queue.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// A connection's whole life: head, scrape and response. Prometheus'
+/// default scrape timeout is 10 s.
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 /// How long shutdown waits for requests in flight.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -95,31 +104,16 @@ fn install_signal_pipe() -> io::Result<i32> {
     Ok(fds[0])
 }
 
-/// Serves until SIGTERM/SIGINT.
-pub fn serve(
-    listener: TcpListener,
-    exporter: Arc<Exporter>,
-    max_requests: usize,
-) -> io::Result<()> {
-    let sig_fd = install_signal_pipe()?;
-    listener.set_nonblocking(true)?;
-    let connections = Arc::new(AtomicUsize::new(0));
-    let scrapes = Arc::new(AtomicUsize::new(0));
+/// Blocks until SIGTERM or SIGINT.
+fn wait_for_signal(sig_fd: i32) -> io::Result<()> {
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: sig_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: fds is a valid array of two pollfds.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        let mut fds = [libc::pollfd {
+            fd: sig_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: fds is a valid array of one pollfd.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, -1) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -127,180 +121,58 @@ pub fn serve(
             }
             return Err(e);
         }
-        if fds[1].revents != 0 {
-            crate::log("signal received, shutting down");
-            break;
-        }
-        loop {
-            let stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE and friends: log, back off, keep serving.
-                    crate::log(&format!("accept failed: {e}"));
-                    std::thread::sleep(Duration::from_millis(100));
-                    break;
-                }
-            };
-            if connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                connections.fetch_sub(1, Ordering::SeqCst);
-                drop(stream);
-                continue;
-            }
-            let exporter = Arc::clone(&exporter);
-            let connections = Arc::clone(&connections);
-            let scrapes = Arc::clone(&scrapes);
-            let spawned = std::thread::Builder::new()
-                .name("http".into())
-                .spawn(move || {
-                    let _ = handle(stream, &exporter, &scrapes, max_requests);
-                    connections.fetch_sub(1, Ordering::SeqCst);
-                });
-            if spawned.is_err() {
-                crate::log("cannot spawn a connection thread");
-            }
+        if fds[0].revents != 0 {
+            return Ok(());
         }
     }
-    drop(listener);
-    let deadline = Instant::now() + SHUTDOWN_GRACE;
-    while connections.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
 }
 
-struct Request {
-    method: String,
-    path: String,
-    accept: Option<String>,
-}
-
-fn read_request(stream: &mut TcpStream) -> io::Result<Option<Request>> {
-    stream.set_read_timeout(Some(REQUEST_READ_TIMEOUT))?;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let head_end = loop {
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > MAX_REQUEST_HEAD {
-            return Ok(None);
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]);
-    let mut lines = head.lines();
-    let mut first = lines.next().unwrap_or("").split_whitespace();
-    let method = first.next().unwrap_or("").to_string();
-    let target = first.next().unwrap_or("").to_string();
-    let accept = lines.find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case("accept")
-            .then(|| v.trim().to_string())
-    });
-    let path = target.split('?').next().unwrap_or("").to_string();
-    Ok(Some(Request {
-        method,
-        path,
-        accept,
-    }))
-}
-
-fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &[u8],
-    head_only: bool,
+/// Serves until SIGTERM/SIGINT.
+pub fn serve(
+    listener: TcpListener,
+    exporter: Arc<Exporter>,
+    max_requests: usize,
 ) -> io::Result<()> {
-    stream.set_write_timeout(Some(RESPONSE_WRITE_TIMEOUT))?;
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    if !head_only {
-        stream.write_all(body)?;
-    }
-    stream.flush()
+    let sig_fd = install_signal_pipe()?;
+    let limits = Limits {
+        max_header_bytes: MAX_REQUEST_HEAD,
+        header_deadline: HEADER_DEADLINE,
+        connection_deadline: CONNECTION_DEADLINE,
+        pending: longhaul_admission::Limits {
+            capacity: MAX_PENDING,
+            per_source: MAX_PENDING_PER_SOURCE,
+        },
+        max_connections: MAX_CONNECTIONS,
+        max_in_flight: max_requests.max(1),
+    };
+    let server = Server::spawn(
+        listener,
+        "http",
+        limits,
+        Arc::new(move |req| answer(req, &exporter)),
+    )?;
+    wait_for_signal(sig_fd)?;
+    crate::log("signal received, shutting down");
+    server.shutdown(SHUTDOWN_GRACE);
+    Ok(())
 }
 
 const INDEX: &str = "<!DOCTYPE html>\n<html><head><title>longhaul-exporter</title></head><body>\n\
 <h1>longhaul-exporter</h1>\n<p>Per-stream, per-TCP-flow and per-RAID-controller statistics for Prometheus.</p>\n\
 <p><a href=\"/metrics\">Metrics</a></p>\n</body></html>\n";
 
-/// Decrements the scrape counter however the scrape ends.
-struct ScrapeSlot<'a>(&'a AtomicUsize);
-
-impl Drop for ScrapeSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+fn answer(req: &longhaul_http_serve::Request, exporter: &Exporter) -> Response {
+    if req.method() != "GET" && req.method() != "HEAD" {
+        return Response::text(405, "only GET and HEAD\n");
     }
-}
-
-fn handle(
-    mut stream: TcpStream,
-    exporter: &Exporter,
-    scrapes: &AtomicUsize,
-    max_requests: usize,
-) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    let Some(req) = read_request(&mut stream)? else {
-        return Ok(());
-    };
-    let head_only = req.method == "HEAD";
-    if req.method != "GET" && !head_only {
-        return respond(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            b"only GET and HEAD\n",
-            false,
-        );
-    }
-    match req.path.as_str() {
-        "/" => respond(
-            &mut stream,
-            "200 OK",
-            "text/html; charset=utf-8",
-            INDEX.as_bytes(),
-            head_only,
-        ),
+    match req.path() {
+        "/" => Response::new(200, "text/html; charset=utf-8", INDEX),
         "/metrics" => {
-            if scrapes.fetch_add(1, Ordering::SeqCst) >= max_requests {
-                scrapes.fetch_sub(1, Ordering::SeqCst);
-                return respond(
-                    &mut stream,
-                    "503 Service Unavailable",
-                    "text/plain; charset=utf-8",
-                    format!("more than {max_requests} scrapes in flight; try again\n").as_bytes(),
-                    head_only,
-                );
-            }
-            let _slot = ScrapeSlot(scrapes);
-            let format = Format::from_accept(req.accept.as_deref());
+            let format = Format::from_accept(req.header("accept"));
             let body = metrics::encode(&exporter.scrape(), format);
-            respond(
-                &mut stream,
-                "200 OK",
-                format.content_type(),
-                body.as_bytes(),
-                head_only,
-            )
+            Response::new(200, format.content_type(), body)
         }
-        _ => respond(
-            &mut stream,
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            b"not found; metrics are at /metrics\n",
-            false,
-        ),
+        _ => Response::text(404, "not found; metrics are at /metrics\n"),
     }
 }
 

@@ -35,6 +35,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cfg: &cli::Config) -> anyhow::Result<()> {
+    // The HTTP pools, not the default descriptor limit, decide how many
+    // clients are held.
+    let _ = longhaul_admission::raise_open_files_limit();
     let exporter = Arc::new(Exporter::new(cfg)?);
     let listener = http::bind(&cfg.listen_address)?;
     // Tests and scripts parse this line to find a port-0 listener.

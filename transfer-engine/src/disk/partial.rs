@@ -247,7 +247,11 @@ mod tests {
             1u8;
             e.size as usize
         ]));
-        assert_eq!(what_we_have(&dir, "f", &with_sum).unwrap(), Have::Nothing);
+        // (The partial file beside it still resumes.)
+        assert_eq!(
+            what_we_have(&dir, "f", &with_sum).unwrap(),
+            Have::Partial(CHUNK_SIZE)
+        );
         with_sum.checksum = Some(super::super::checksum::checksum_bytes(&vec![
             0u8;
             e.size as usize
