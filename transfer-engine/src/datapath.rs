@@ -15,7 +15,7 @@
 
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,12 +52,49 @@ pub enum Limit {
     Until(Instant),
 }
 
+/// Makes the sending streams of one end that already moved data pause
+/// until every one of them has started sending. A 1024-stream session on
+/// a few cores otherwise leaves the scheduler to decide which streams run:
+/// the busy ones keep the CPUs and some streams never send a byte.
+#[derive(Debug)]
+pub struct FairStart {
+    not_started: AtomicUsize,
+}
+
+/// How long a stream that already sent naps while others have not started.
+const FAIR_START_NAP: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Streams stop waiting for the others after this long, whatever happens
+/// (a stream that cannot start in this time is stuck for other reasons).
+const FAIR_START_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl FairStart {
+    /// A start for `streams` sending streams.
+    pub fn new(streams: usize) -> FairStart {
+        FairStart {
+            not_started: AtomicUsize::new(streams),
+        }
+    }
+
+    fn started(&self) {
+        self.not_started.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn everyone_started(&self) -> bool {
+        self.not_started.load(Ordering::Acquire) == 0
+    }
+}
+
 /// Everything a [`Source`] needs to know about how much to send.
 #[derive(Debug, Clone)]
 pub struct SendBudget {
     pub limit: Limit,
     /// Shared in-process pacer of this direction (`--rate`).
     pub pacer: Option<Arc<Pacer>>,
+    /// Shared by this end's sending streams; see [`FairStart`].
+    pub fair: Option<Arc<FairStart>>,
+    /// Whether this stream told `fair` it started.
+    pub counted: std::cell::Cell<bool>,
     /// Set when the session fails; sources stop at the next chunk.
     pub stop: Arc<AtomicBool>,
 }
@@ -75,6 +112,13 @@ impl SendBudget {
         if self.stop.load(Ordering::Relaxed) {
             return 0;
         }
+        if let Some(fair) = &self.fair {
+            if !self.counted.replace(true) {
+                fair.started();
+            } else {
+                self.wait_for_the_others(fair);
+            }
+        }
         let max = match &self.pacer {
             Some(p) => max.min(p.chunk()),
             None => max,
@@ -85,6 +129,19 @@ impl SendBudget {
             Limit::Until(_) => 0,
             // Not started: the stream worker calls `started_at` first.
             Limit::For(_) => 0,
+        }
+    }
+
+    /// Naps while some stream of this end has not sent yet (bounded by the
+    /// deadline, the stop flag and [`FAIR_START_MAX_WAIT`]).
+    fn wait_for_the_others(&self, fair: &FairStart) {
+        let since = Instant::now();
+        while !fair.everyone_started()
+            && !self.stop.load(Ordering::Relaxed)
+            && since.elapsed() < FAIR_START_MAX_WAIT
+            && !matches!(self.limit, Limit::Until(d) if Instant::now() >= d)
+        {
+            std::thread::sleep(FAIR_START_NAP);
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::connection::Connection;
 use crate::cpu::CpuSnapshot;
-use crate::datapath::{DataPlane, Limit, SendBudget};
+use crate::datapath::{DataPlane, FairStart, Limit, SendBudget};
 use crate::error::{Error, Result};
 use crate::messages::{Direction, Done, Message, Role, SessionRequest, StreamReport};
 use crate::pacer::Pacer;
@@ -240,6 +240,8 @@ fn data_phase_inner(
     // However this function returns, no worker is left waiting at the gate.
     let _release = GateRelease(&gate);
     let pacer = req.rate_bps.map(|r| Arc::new(Pacer::new(r)));
+    let senders = streams.iter().filter(|s| s.role == Role::Send).count();
+    let fair = Arc::new(FairStart::new(senders));
     for s in streams {
         let work = match s.role {
             Role::Send => Work::Send(
@@ -247,6 +249,8 @@ fn data_phase_inner(
                 SendBudget {
                     limit: limit_for(s.id),
                     pacer: pacer.clone(),
+                    fair: Some(fair.clone()),
+                    counted: Default::default(),
                     stop: stop.clone(),
                 },
             ),

@@ -7,10 +7,10 @@
 
 use std::io::Read;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::{JoinHandle, Thread};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use longhaul_stats_api::TcpInfo;
@@ -93,41 +93,62 @@ pub enum Work {
 /// starts. Without it the first workers would saturate the CPUs while the
 /// session thread is still starting the others, and on a busy machine the
 /// last hundreds of a 1024-stream session would start after the deadline
-/// and move nothing. Waiting workers are parked and woken one by one with
-/// no lock to take on the way out: a condition variable would make 1024
-/// woken threads queue for its mutex behind the streams already running,
-/// which starves the tail of the queue just the same.
+/// and move nothing.
+///
+/// The waiters sleep on a futex that `open` wakes in one system call: woken
+/// one by one (a condition variable's mutex, or unparking in a loop), the
+/// first woken streams preempt the waker and the tail of a 1024-stream
+/// session is woken seconds late, which starves it just the same.
 #[derive(Debug, Default)]
 pub struct StartGate {
+    /// 0 while closed, 1 once open.
+    state: AtomicU32,
     start: OnceLock<Instant>,
-    waiting: Mutex<Vec<Thread>>,
 }
 
 impl StartGate {
     /// Opens the gate (once; later calls return the same instant).
     pub fn open(&self) -> Instant {
         let t = *self.start.get_or_init(Instant::now);
-        let waiting = std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in waiting {
-            w.unpark();
-        }
+        self.state.store(1, Ordering::Release);
+        futex_wake_all(&self.state);
         t
     }
 
     /// Waits until the gate opens; returns when it did.
     pub fn wait(&self) -> Instant {
-        // Register before looking: `open` sets the instant before it takes
-        // the list, so either we see the instant or we are on the list.
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(std::thread::current());
-        loop {
-            if let Some(t) = self.start.get() {
-                return *t;
-            }
-            std::thread::park();
+        while self.state.load(Ordering::Acquire) == 0 {
+            futex_wait(&self.state, 0);
         }
+        *self.start.get().expect("set before the gate opens")
+    }
+}
+
+/// Sleeps while `*word == expected` (or until a spurious wake-up).
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which lives
+    // across the call; a null timeout waits indefinitely.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+/// Wakes every thread sleeping on `word`, in one system call.
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
     }
 }
 

@@ -1,0 +1,248 @@
+"""The engine and the exporter under hostile and unlucky peers, with the
+release binaries on loopback (issue 13's numbers; README "Reliability").
+
+* control port: 300 silent and 32 trickling strangers (plus 40 that send a
+  Hello and stall) held longer than every deadline; an authenticated
+  `longhaul send --streams 2 --time 2` succeeds before and after;
+* exporter: 100 trickling clients; a scrape still answers within 5 s;
+  an oversized request head gets 431;
+* stats API: 200 trickling clients; it answers, and its thread count stays
+  flat; a 128 MiB request line grows the server by less than 32 MiB;
+* a 1024-stream 4 s memory session: every stream moves bytes and the server
+  is back under 256 MiB RSS a few seconds after.
+
+Binaries come from $LONGHAUL_DIST (default <repo>/dist; `make build`).
+"""
+
+import json
+import re
+import socket
+import struct
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+import helpers
+import hostile
+
+LONGHAUL = helpers.dist_dir() / "longhaul"
+EXPORTER = helpers.dist_dir() / "longhaul-exporter"
+
+# Longer than the engine's 10 s admission deadline and the HTTP servers'
+# 5 s head deadline: the crowd is cut and comes back at least once.
+HOLD_S = 12.0
+
+# A control frame header that announces a Hello, trickled one byte at a time.
+LHCF_HELLO_HEADER = b"LHCF" + bytes([0x01]) + struct.pack(">I", 120)
+# An HTTP request head that never ends.
+SLOW_HTTP = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000
+
+
+def need(path):
+    assert path.is_file(), f"{path} missing: run `make build` or set LONGHAUL_DIST"
+
+
+@pytest.fixture
+def token(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("hardening-test-token\n")
+    return path
+
+
+def start_engine(processes, *extra, name="serve"):
+    need(LONGHAUL)
+    port, stats = helpers.free_port(), helpers.free_port()
+    proc = processes.start(
+        name,
+        [
+            LONGHAUL,
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--stats-listen",
+            f"127.0.0.1:{stats}",
+            *extra,
+        ],
+    )
+    processes.wait_port(proc, port)
+    processes.wait_port(proc, stats)
+    return proc, port, stats
+
+
+def send(port, *args, timeout=120):
+    return subprocess.run(
+        [LONGHAUL, "send", "--to", f"127.0.0.1:{port}", "--json", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def final_json(run):
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def hello_frame():
+    body = json.dumps(
+        {"version": 1, "client_nonce": "ab" * 32, "software": "stall"}
+    ).encode()
+    return b"LHCF" + bytes([0x01]) + struct.pack(">I", len(body)) + body
+
+
+def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
+    proc, port, _ = start_engine(processes, "--token-file", token)
+    # Strangers that get as far as a Hello and stall there, on threads.
+    stalled = []
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(hello_frame())
+        stalled.append(s)
+    with hostile.Crowd(
+        port, silent=300, trickling=32, trickle=LHCF_HELLO_HEADER, interval=2.0
+    ) as crowd:
+        time.sleep(1.0)
+        started = time.monotonic()
+        first = send(port, "--streams", 2, "--time", 2, "--token-file", token)
+        assert first.returncode == 0, first.stderr
+        assert final_json(first)["bytes"] > 0
+        # Past every deadline: the strangers were cut and came back.
+        time.sleep(max(0.0, started + HOLD_S - time.monotonic()))
+        second = send(port, "--streams", 2, "--time", 2, "--token-file", token)
+        assert second.returncode == 0, second.stderr
+        assert crowd.reopened >= 300, f"the server never cut the crowd ({crowd.reopened})"
+        processes.check_running(proc)
+    for s in stalled:
+        s.close()
+    log = processes.log("serve")
+    assert "finished" in log, log
+    # RFC 3339 UTC timestamps on every line of the server's log.
+    for line in log.splitlines():
+        if "longhaul serve:" in line:
+            assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", line), line
+
+
+def start_exporter(processes, *args):
+    need(EXPORTER)
+    port = helpers.free_port()
+    proc = processes.start(
+        "exporter",
+        [EXPORTER, f"--web.listen-address=127.0.0.1:{port}", *args],
+    )
+    processes.wait_port(proc, port)
+    return proc, port
+
+
+def timed_get(url, timeout=10.0):
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=timeout) as answer:
+        assert answer.status == 200
+        body = answer.read()
+    return time.monotonic() - started, body
+
+
+def test_exporter_scrapes_while_100_clients_trickle(processes):
+    _, port = start_exporter(processes, "--no-collector.engine", "--no-collector.raid")
+    url = f"http://127.0.0.1:{port}/metrics"
+    with hostile.Crowd(port, trickling=100, trickle=SLOW_HTTP, interval=2.0) as crowd:
+        deadline = time.monotonic() + HOLD_S
+        scrapes = 0
+        while time.monotonic() < deadline:
+            took, body = timed_get(url)
+            assert took < 5.0, f"scrape took {took:.1f} s"
+            assert b"longhaul_exporter_collector_success" in body
+            scrapes += 1
+            time.sleep(1.0)
+        assert scrapes >= 5
+        assert crowd.reopened >= 100, f"trickling clients were never cut ({crowd.reopened})"
+
+
+def raw_exchange(port, data, timeout=10.0):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # the server may answer and close before reading it all
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def test_exporter_answers_431_to_an_oversized_head(processes):
+    _, port = start_exporter(processes, "--no-collector.engine", "--no-collector.raid")
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 << 10) + b"\r\n\r\n"
+    answer = raw_exchange(port, head)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    timed_get(f"http://127.0.0.1:{port}/metrics")
+
+
+def test_stats_api_answers_while_200_clients_trickle(processes):
+    proc, _, stats = start_engine(processes)
+    url = f"http://127.0.0.1:{stats}/v1/sessions"
+    idle_threads = hostile.threads(proc.pid)
+    with hostile.Crowd(stats, trickling=200, trickle=SLOW_HTTP, interval=2.0) as crowd:
+        deadline = time.monotonic() + HOLD_S
+        while time.monotonic() < deadline:
+            took, body = timed_get(url)
+            assert took < 5.0, f"stats API took {took:.1f} s"
+            assert json.loads(body)["version"] == 1
+            # A thread per client would be 200 more.
+            assert hostile.threads(proc.pid) < idle_threads + 20
+            time.sleep(1.0)
+        assert crowd.reopened >= 200, crowd.reopened
+
+
+def test_a_128_mib_request_line_does_not_grow_the_engine(processes):
+    proc, _, stats = start_engine(processes)
+    timed_get(f"http://127.0.0.1:{stats}/v1/sessions")
+    before = hostile.rss_kib(proc.pid)
+    line = b"GET /" + b"a" * (128 << 20)
+    answer = raw_exchange(stats, line, timeout=60)
+    assert answer.startswith(b"HTTP/1.1 431") or answer == b"", answer[:200]
+    grew = (hostile.hwm_kib(proc.pid) - before) / 1024
+    assert grew < 32, f"the server grew by {grew:.0f} MiB"
+    timed_get(f"http://127.0.0.1:{stats}/v1/sessions")
+
+
+def test_1024_streams_all_move_and_memory_is_returned(processes):
+    hostile.raise_open_files_limit()
+    proc, port, _ = start_engine(processes)
+    run = send(port, "--streams", 1024, "--time", 4, "--strict")
+    assert run.returncode == 0, run.stderr
+    report = final_json(run)
+    assert len(report["streams"]) == 1024
+    empty = [s["id"] for s in report["streams"] if s["bytes"] == 0]
+    assert not empty, f"{len(empty)} streams moved nothing: {empty[:20]}"
+    time.sleep(3.0)
+    rss = hostile.rss_kib(proc.pid) / 1024
+    assert rss < 256, f"server RSS {rss:.0f} MiB after the session"
+
+
+def test_16_concurrent_35_stream_sessions_all_move(processes):
+    _, port, _ = start_engine(processes)
+    runs = [
+        subprocess.Popen(
+            [LONGHAUL, "send", "--to", f"127.0.0.1:{port}", "--json", "--strict",
+             "--streams", "35", "--time", "3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(16)
+    ]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        streams = json.loads(out.strip().splitlines()[-1])["streams"]
+        assert len(streams) == 35 and all(s["bytes"] > 0 for s in streams), streams
