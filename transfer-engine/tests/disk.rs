@@ -519,3 +519,160 @@ fn crafted_manifests_escaping_the_root_are_refused() {
     );
     assert!(root.join("fine").is_dir());
 }
+
+// ------------------------------------------------------------ "verified" never lies
+
+/// Two sessions send different content to the same destination file at the
+/// same time, twenty times over: a session may exit 0 only if the final
+/// file is its own source byte for byte, and one of them always succeeds.
+/// The loser is told which session holds the file, and the server logs its
+/// session as failed.
+#[test]
+fn racing_sessions_never_both_claim_one_file() {
+    let t = Scratch::new("race");
+    let sources: Vec<PathBuf> = (0..2)
+        .map(|i| {
+            let dir = t.0.join(format!("src{i}/data"));
+            fs::create_dir_all(&dir).unwrap();
+            // 16 MiB at 200 Mb/s: each session lasts ~0.7 s, so they overlap.
+            fs::write(dir.join("f.bin"), pattern(16 * MIB as usize, 40 + i)).unwrap();
+            dir
+        })
+        .collect();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let dest = root.join("data/f.bin");
+    for round in 0..20 {
+        let _ = fs::remove_file(&dest);
+        let runs: Vec<Running> = sources
+            .iter()
+            .map(|src| {
+                spawn_send(&[
+                    "--to",
+                    &server.addr(),
+                    "--streams",
+                    "2",
+                    "--rate",
+                    "200M",
+                    "--no-resume",
+                    src.to_str().unwrap(),
+                ])
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait(RUN_TIMEOUT)).collect();
+        let winners: Vec<usize> = (0..2).filter(|&i| outs[i].code == Some(0)).collect();
+        assert!(
+            !winners.is_empty(),
+            "round {round}: neither session succeeded: {:?} / {:?}",
+            outs[0].stderr,
+            outs[1].stderr
+        );
+        for &w in &winners {
+            assert!(
+                same_contents(&sources[w].join("f.bin"), &dest),
+                "round {round}: session {w} exited 0 but the file holds other bytes"
+            );
+        }
+        for (i, o) in outs.iter().enumerate() {
+            if o.code != Some(0) {
+                assert_eq!(o.code, Some(1), "round {round}: {}", o.stderr);
+                assert!(
+                    o.stderr.contains("being written by another session"),
+                    "round {round} session {i}: {}",
+                    o.stderr
+                );
+            }
+        }
+    }
+    assert!(
+        server.wait_log("failed: server busy", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+}
+
+/// A file on the receiver with the sender's size and mtime but other bytes
+/// is skipped by the quick check, and then the run must not say
+/// "verified"; `--checksum` compares content, re-sends it and verifies.
+#[test]
+fn a_changed_file_with_the_same_size_and_mtime_is_not_verified() {
+    let t = Scratch::new("changed");
+    let top = t.0.join("src/data");
+    fs::create_dir_all(&top).unwrap();
+    let src = top.join("f.bin");
+    fs::write(&src, pattern(3 * MIB as usize + 5, 7)).unwrap();
+    set_mtime(&src, 1_600_000_000, 5);
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let addr = server.addr();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--to", addr.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        args.push(top.to_str().unwrap());
+        let out = send(&args);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        out.json()
+    };
+    let first = run(&[]);
+    assert_eq!(first["files"]["verified"], true, "{first}");
+    assert_eq!(first["files"]["sent"], 1, "{first}");
+    // Change bytes on the receiver, keep size and mtime.
+    let dest = root.join("data/f.bin");
+    let f = fs::OpenOptions::new().write(true).open(&dest).unwrap();
+    f.write_all_at(b"CHANGED", MIB).unwrap();
+    drop(f);
+    set_mtime(&dest, 1_600_000_000, 5);
+    let quick = run(&[]);
+    assert_eq!(quick["files"]["verified"], false, "{quick}");
+    assert_eq!(quick["files"]["skipped"], 1, "{quick}");
+    assert_eq!(quick["files"]["skipped_unverified"], 1, "{quick}");
+    assert_eq!(quick["files"]["skip_check"], "size_mtime", "{quick}");
+    let checked = run(&["--checksum"]);
+    assert_eq!(checked["files"]["verified"], true, "{checked}");
+    assert_eq!(checked["files"]["sent"], 1, "{checked}");
+    assert!(same_contents(&src, &dest));
+}
+
+/// A session whose file cannot be written fails on both ends: the server
+/// logs it as failed, not finished.
+#[test]
+fn a_session_with_a_failed_file_is_logged_failed() {
+    let t = Scratch::new("logfail");
+    let top = t.0.join("src/data");
+    fs::create_dir_all(&top).unwrap();
+    fs::write(top.join("f.bin"), pattern(MIB as usize, 3)).unwrap();
+    let root = t.0.join("root");
+    // A directory where the file must land: the rename into place fails.
+    fs::create_dir_all(root.join("data/f.bin/occupied")).unwrap();
+    let server = Server::with_root(&root);
+    let out = send(&["--to", &server.addr(), top.to_str().unwrap()]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        server.wait_log("failed:", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+    let log = server.stderr();
+    assert!(!log.contains("finished"), "{log}");
+}
+
+/// One `longhaul serve` per root: a second one on the same root refuses
+/// to start, so claims in one process cover every writer.
+#[test]
+fn a_second_server_on_the_same_root_refuses_to_start() {
+    let t = Scratch::new("rootlock");
+    let _first = Server::with_root(t.path());
+    let out = support::run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--stats-listen",
+        "127.0.0.1:0",
+        "--root",
+        t.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("another longhaul serve"), "{}", out.stderr);
+}

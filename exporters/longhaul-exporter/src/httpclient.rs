@@ -229,6 +229,7 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy;
 
     #[test]
     fn urls() {
@@ -259,5 +260,23 @@ mod tests {
         assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
         assert!(response_complete(ok));
+    }
+
+    proptest::proptest! {
+        /// Whatever an engine (or an impostor on its port) answers, parsing
+        /// never panics and never yields more than it was given.
+        #[test]
+        fn any_answer_parses_or_fails_cleanly(
+            raw in proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+                "HTTP/1\\.1 200 OK\r\n([A-Za-z-]{1,20}: [0-9a-z;= ]{0,20}\r\n){0,4}\r\n[0-9a-f\r\n;{}]{0,200}"
+                    .prop_map(String::into_bytes),
+            ]
+        ) {
+            let _ = response_complete(&raw);
+            if let Ok(body) = parse_response(&raw) {
+                proptest::prop_assert!(body.len() <= raw.len());
+            }
+        }
     }
 }

@@ -73,7 +73,7 @@ pub struct DiskParams {
 /// Disk-mode control messages, carried as `ModeData`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "disk", rename_all = "snake_case")]
-enum DiskMessage {
+pub enum DiskMessage {
     Manifest { entries: Vec<ManifestEntry> },
     Plan { plan: Plan, last: bool },
 }
@@ -98,10 +98,14 @@ fn send_mode(conn: &mut Connection, m: &DiskMessage) -> Result<()> {
     conn.send(&Message::ModeData(v))
 }
 
+/// A `ModeData` body as a disk message.
+pub fn decode_disk_message(v: Value) -> Result<DiskMessage> {
+    serde_json::from_value(v).map_err(|e| Error::Protocol(format!("malformed disk message: {e}")))
+}
+
 fn recv_mode(conn: &mut Connection) -> Result<DiskMessage> {
     match conn.recv()? {
-        Message::ModeData(v) => serde_json::from_value(v)
-            .map_err(|e| Error::Protocol(format!("malformed disk message: {e}"))),
+        Message::ModeData(v) => decode_disk_message(v),
         other => Err(Error::Protocol(format!(
             "expected a disk-mode message, got {:?}",
             other.kind()
