@@ -279,7 +279,9 @@ fn parse_send(args: &mut Args) -> Result<SendOptions> {
         crate::sockopt::check_cc(cc).map_err(|e| usage(format!("--cc: {e}")))?;
     }
     if o.disk.checksum && o.paths.is_empty() {
-        return Err(usage("--checksum compares files: it needs PATHs (disk mode)"));
+        return Err(usage(
+            "--checksum compares files: it needs PATHs (disk mode)",
+        ));
     }
     if o.disk.checksum && !o.disk.resume {
         return Err(usage(

@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 
 use longhaul_admission::{Arrival, Lobby, Protocol, Settings, Ticket};
 
-use crate::attach::{
-    AttachHeader, ATTACH_LEN, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN,
-};
+use crate::attach::{AttachHeader, ATTACH_LEN, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN};
 use crate::auth::{random_bytes, to_hex, Token};
 use crate::connection::Connection;
 use crate::error::{Error, Result};

@@ -70,7 +70,12 @@ fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
     let header = |magic: Vec<u8>| {
         (
             any::<u8>(),
-            prop_oneof![Just(u32::MAX), Just(MAX_FRAME_LEN as u32), any::<u32>(), 0u32..512],
+            prop_oneof![
+                Just(u32::MAX),
+                Just(MAX_FRAME_LEN as u32),
+                any::<u32>(),
+                0u32..512
+            ],
             proptest::collection::vec(any::<u8>(), 0..512),
         )
             .prop_map(move |(kind, len, tail)| {

@@ -674,5 +674,9 @@ fn a_second_server_on_the_same_root_refuses_to_start() {
         t.path().to_str().unwrap(),
     ]);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
-    assert!(out.stderr.contains("another longhaul serve"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("another longhaul serve"),
+        "{}",
+        out.stderr
+    );
 }

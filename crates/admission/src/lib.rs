@@ -19,6 +19,8 @@ pub mod lobby;
 pub mod nofile;
 pub mod pending;
 
-pub use lobby::{Arrival, Counters, FirstMessage, Lobby, Protocol, Reporter, Settings, Ticket, TooLate};
+pub use lobby::{
+    Arrival, Counters, FirstMessage, Lobby, Protocol, Reporter, Settings, Ticket, TooLate,
+};
 pub use nofile::raise_open_files_limit;
 pub use pending::{EntryId, Limits, PendingSet, SourceKey};

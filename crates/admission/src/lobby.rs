@@ -231,7 +231,6 @@ impl Ticket {
             Err(TooLate)
         }
     }
-
 }
 
 impl Drop for Ticket {
@@ -383,7 +382,10 @@ impl<P: Protocol> Lobby<P> {
                     return;
                 }
             };
-            self.shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .counters
+                .accepted
+                .fetch_add(1, Ordering::Relaxed);
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
@@ -466,8 +468,10 @@ impl<P: Protocol> Lobby<P> {
         match verdict {
             FirstMessage::Garbage(why) => {
                 self.shared.counters.garbage.fetch_add(1, Ordering::Relaxed);
-                self.shared
-                    .note(&format!("dropped connection from {}: garbage ({why})", w.peer));
+                self.shared.note(&format!(
+                    "dropped connection from {}: garbage ({why})",
+                    w.peer
+                ));
             }
             FirstMessage::Quick => {
                 if w.stream.set_nonblocking(false).is_ok() {

@@ -26,7 +26,7 @@ pub fn raise_open_files_limit() -> io::Result<u64> {
             return Err(io::Error::last_os_error());
         }
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 #[cfg(test)]
@@ -40,7 +40,7 @@ mod tests {
         };
         // SAFETY: as above.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!(soft, lim.rlim_cur as u64);
+        assert_eq!(soft, lim.rlim_cur);
         assert_eq!(lim.rlim_cur, lim.rlim_max);
     }
 }

@@ -307,8 +307,8 @@ fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
     // Explicit, so HEAD answers carry it too (hyper sends no body for them).
     let length = hyper::header::HeaderValue::from(r.body.len());
     let mut answer = hyper::Response::new(Full::new(Bytes::from(r.body)));
-    *answer.status_mut() = hyper::StatusCode::from_u16(r.status)
-        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    *answer.status_mut() =
+        hyper::StatusCode::from_u16(r.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     if let Ok(v) = hyper::header::HeaderValue::from_str(&r.content_type) {
         answer.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
     }

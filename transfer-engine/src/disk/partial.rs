@@ -112,7 +112,9 @@ pub fn discard(dir: &Dir, name: &str) -> io::Result<()> {
 pub enum Have {
     /// The final file is there: same size and mtime, or, when the sender
     /// sent a checksum (`--checksum`), same size and content.
-    Complete { by_checksum: bool },
+    Complete {
+        by_checksum: bool,
+    },
     /// A partial file verified up to this offset.
     Partial(u64),
     Nothing,

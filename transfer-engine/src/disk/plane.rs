@@ -570,9 +570,9 @@ pub fn human_lines(files: &Value, devices: &Value) -> String {
     let skipped = match (n(&files["skipped"]), n(&files["skipped_unverified"])) {
         (0, _) => "0".to_string(),
         (all, 0) => format!("{all} (same content, compared with --checksum)"),
-        (all, _) => format!(
-            "{all} (same size and mtime; content not compared: --checksum compares it)"
-        ),
+        (all, _) => {
+            format!("{all} (same size and mtime; content not compared: --checksum compares it)")
+        }
     };
     let mut out = format!(
         "\n  files: {} ({}), verified: {}; sent and verified: {}, resumed: {}, skipped (already there): {skipped}",

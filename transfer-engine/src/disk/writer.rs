@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::buffer::{AlignedBuf, BufferPool};
-use super::claims::{ClaimKey, ClaimSet, Claimant};
 use super::checksum::{chunk_count, chunk_hash, chunk_len, hash_prefix, FileDigest, OrderedDigest};
+use super::claims::{ClaimKey, ClaimSet, Claimant};
 use super::devices::{snapshot, DeviceGroup, DeviceMap};
 use super::partial::{self, Have, PartState};
 use super::safepath::{self, Dir, Root};
