@@ -21,11 +21,7 @@ fn a_stopped_server_fails_the_sender_after_the_idle_timeout() {
         "--interval",
         "0.2",
     ]);
-    let t = Instant::now();
-    while !sender.stdout().contains("b/s") {
-        assert!(t.elapsed() < Duration::from_secs(10), "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    sender.wait_until_flowing();
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) }, 0);
     let stopped = Instant::now();

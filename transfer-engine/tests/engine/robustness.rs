@@ -87,12 +87,7 @@ fn killed_sender_is_reported_failed_by_the_server() {
         "--interval",
         "0.2",
     ]);
-    // Wait until data flows (an interval line is printed).
-    let t = Instant::now();
-    while !sender.stdout().contains("b/s") {
-        assert!(t.elapsed() < Duration::from_secs(10), "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    sender.wait_until_flowing();
     sender.child.kill().unwrap(); // SIGKILL
     let _ = sender.child.wait();
     assert!(
@@ -129,11 +124,7 @@ fn killed_server_is_reported_failed_by_the_sender() {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let sender = spawn(&args);
-        let t = Instant::now();
-        while !sender.stdout().contains("b/s") {
-            assert!(t.elapsed() < Duration::from_secs(10), "no progress");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        sender.wait_until_flowing();
         server.kill();
         let out = sender.wait(Duration::from_secs(15));
         assert_eq!(out.code, Some(1), "{}", out.stderr);

@@ -199,6 +199,16 @@ impl Running {
     pub fn stdout(&self) -> String {
         self.stdout.lock().unwrap().clone()
     }
+
+    /// Waits until a `send --interval` prints its first interval line (data
+    /// flows); panics after 10 s.
+    pub fn wait_until_flowing(&self) {
+        let t = Instant::now();
+        while !self.stdout().contains("b/s") {
+            assert!(t.elapsed() < Duration::from_secs(10), "no progress");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Running {
