@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use longhaul_stats_api as api;
 
+use crate::datapath::DeviceCounters;
 use crate::messages::{Direction, Mode, Role};
 use crate::stream::StreamStats;
 
@@ -51,7 +52,7 @@ struct EntryState {
     /// The streams' final counters, once the session ended.
     frozen: Option<Vec<api::Stream>>,
     /// Disk mode: the session's device groups and their live counters.
-    devices: Vec<Arc<crate::disk::devices::DeviceGroup>>,
+    devices: Vec<Arc<dyn DeviceCounters>>,
 }
 
 impl SessionEntry {
@@ -81,7 +82,7 @@ impl SessionEntry {
         s.streams = streams;
     }
 
-    pub fn set_devices(&self, devices: Vec<Arc<crate::disk::devices::DeviceGroup>>) {
+    pub fn set_devices(&self, devices: Vec<Arc<dyn DeviceCounters>>) {
         self.lock().devices = devices;
     }
 

@@ -8,8 +8,8 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::cli::Config;
 use crate::collectors::{engine, raid, tcp};
+use crate::config::Config;
 use crate::metrics::Family;
 
 /// One collector: appends its families for one scrape.

@@ -169,7 +169,7 @@ fn answer(req: &longhaul_http_serve::Request, exporter: &Exporter) -> Response {
         "/" => Response::new(200, "text/html; charset=utf-8", INDEX),
         "/metrics" => {
             let format = Format::from_accept(req.header("accept"));
-            let body = metrics::encode(&exporter.scrape(), format);
+            let body = metrics::encode(exporter.scrape(), format);
             Response::new(200, format.content_type(), body)
         }
         _ => Response::text(404, "not found; metrics are at /metrics\n"),

@@ -2,14 +2,17 @@
 //! program's TCP flows on the transfer ports, and for disk IO per RAID
 //! controller.
 //!
-//! Layers: [`cli`] turns flags into a [`cli::Config`]; [`collector`] holds
-//! the registry and runs a scrape; [`collectors`] are the collectors (one
-//! file each) built on [`sock_diag`], [`diskstats`], [`httpclient`] and
-//! [`storcli`]; [`metrics`] encodes a scrape; [`http`] serves it.
+//! Layers, bottom to top: [`config`] holds every setting; the collectors
+//! ([`collectors`], one file each) read it and are built on [`sock_diag`],
+//! [`diskstats`], [`ports`], [`httpclient`] and [`storcli`]; [`collector`]
+//! holds their registry and runs a scrape; [`metrics`] is the scrape's
+//! model and its encoding (prometheus-client); [`http`] serves it; [`cli`]
+//! turns flags into a [`config::Config`]. No collector imports the CLI.
 
 pub mod cli;
 pub mod collector;
 pub mod collectors;
+pub mod config;
 pub mod diskstats;
 pub mod http;
 pub mod httpclient;

@@ -4,8 +4,8 @@
 //! `remote` ("IP:PORT", "[v6]:PORT"); beyond `--collector.tcp.max-flows`
 //! the rest are summed into local="other",remote="other".
 
-use crate::cli::Config;
 use crate::collector::{Collector, CollectorSpec};
+use crate::config::Config;
 use crate::metrics::Family;
 use crate::ports::PortRanges;
 use crate::sock_diag::{self, TcpSocket};

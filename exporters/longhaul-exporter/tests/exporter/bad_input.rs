@@ -181,9 +181,16 @@ fn unknown_collectors_and_bad_flags_exit_2_with_a_clear_message() {
     assert!(err.contains("engine, raid, tcp"), "{err}");
     for (args, needle) in [
         (&["--no-collector.bogus"][..], "unknown collector"),
-        (&["--frobnicate"], "unknown flag --frobnicate"),
+        (&["--frobnicate"], "unexpected argument '--frobnicate'"),
         (&["--collector.tcp.ports=1-x"], "--collector.tcp.ports"),
-        (&["--web.listen-address"], "needs a value"),
+        (
+            &["--collector.tcp.port=1"],
+            "a similar argument exists: '--collector.tcp.ports'",
+        ),
+        (
+            &["--web.listen-address"],
+            "a value is required for '--web.listen-address",
+        ),
         (&["--engine.url=ftp://x"], "--engine.url"),
         (&["--engine.timeout=soon"], "--engine.timeout"),
         (&["stray"], "unexpected argument"),

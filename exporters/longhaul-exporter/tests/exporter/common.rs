@@ -13,7 +13,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_longhaul-exporter");
 
 /// The fixture disk server shared with crates/topology.
 pub fn server_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/topology/tests/fixtures/server")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs-server")
 }
 
 pub fn exporter_fixtures() -> PathBuf {
