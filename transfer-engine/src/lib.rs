@@ -1,6 +1,6 @@
 //! The longhaul transfer engine as a library: what `longhaul serve` and
 //! `longhaul send` do, for the `longhaul` binary (transfer-engine/cli) and
-//! for campaign science (crates/science), which drive it through
+//! for campaign science (transfer-engine/science), which drive it through
 //! [`client::run`], [`server::Server`] and [`probe::measure`].
 //!
 //! Layers, bottom to top; each imports only from layers below it

@@ -12,9 +12,9 @@ use std::time::Duration;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser};
 
-use crate::collector::COLLECTORS;
 use crate::config::*;
 use crate::ports::PortRanges;
+use crate::scrape::COLLECTORS;
 
 /// Prometheus exporter for longhaul transfers, TCP flows and RAID
 /// controllers.

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use longhaul_http_serve::{Limits, Response, Server};
 
-use crate::collector::Exporter;
 use crate::metrics::{self, Format};
+use crate::scrape::Exporter;
 
 /// Request head size limit; real scrape requests are ~300 bytes.
 pub const MAX_REQUEST_HEAD: usize = 16 * 1024;

@@ -2,12 +2,13 @@
 //! program's TCP flows on the transfer ports, and for disk IO per RAID
 //! controller.
 //!
-//! Layers, bottom to top: [`config`] holds every setting; the collectors
-//! ([`collectors`], one file each) read it and are built on [`sock_diag`],
-//! [`diskstats`], [`ports`], [`httpclient`] and [`storcli`]; [`collector`]
-//! holds their registry and runs a scrape; [`metrics`] is the scrape's
-//! model and its encoding (prometheus-client); [`http`] serves it; [`cli`]
-//! turns flags into a [`config::Config`]. No collector imports the CLI.
+//! Layers, bottom to top: [`config`] holds every setting and [`metrics`]
+//! the scrape's model and its encoding (prometheus-client); [`collector`]
+//! says what a collector is; the collectors ([`collectors`], one file each)
+//! read the configuration and are built on [`sock_diag`], [`diskstats`],
+//! [`ports`], [`httpclient`] and [`storcli`]; [`scrape`] holds their
+//! registry and runs a scrape; [`http`] serves it; [`cli`] turns flags into
+//! a [`config::Config`]. No collector imports the CLI or the registry.
 
 pub mod cli;
 pub mod collector;
@@ -18,6 +19,7 @@ pub mod http;
 pub mod httpclient;
 pub mod metrics;
 pub mod ports;
+pub mod scrape;
 pub mod sock_diag;
 pub mod storcli;
 

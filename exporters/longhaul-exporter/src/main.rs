@@ -5,8 +5,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use longhaul_exporter::collector::Exporter;
 use longhaul_exporter::config::Config;
+use longhaul_exporter::scrape::Exporter;
 use longhaul_exporter::{cli, http, log};
 
 fn main() -> ExitCode {
