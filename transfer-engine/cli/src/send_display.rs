@@ -137,13 +137,13 @@ fn show(
         Display::Bar { bar, scale, moved } => {
             *moved += interval.bytes;
             let mut msg = format!(
-                "{} {}",
+                "{} at {}",
                 format_bytes(*moved),
                 format_bps(interval.throughput_bps)
             );
             if let Some(p) = live.plane {
                 if p.files_total > 0 {
-                    msg.push_str(&format!("  files {}/{}", p.files_done, p.files_total));
+                    msg.push_str(&format!(", files {}/{}", p.files_done, p.files_total));
                 }
                 if *scale == BarScale::Bytes(None) {
                     if let Some(total) = p.bytes_total {
@@ -152,13 +152,13 @@ fn show(
                     }
                 }
             }
+            bar.set_message(msg);
             match scale {
                 BarScale::Millis(ms) => {
                     bar.set_position((live.elapsed.as_millis() as u64).min(*ms))
                 }
                 BarScale::Bytes(_) => bar.set_position(*moved),
             }
-            bar.set_message(msg);
         }
         Display::Nothing => {}
     }

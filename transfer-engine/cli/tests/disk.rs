@@ -350,7 +350,7 @@ fn full_filesystem_names_the_file_and_server_survives() {
         .map(|s| s.success())
         .unwrap_or(false);
     if !mounted {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        longhaul_testkit::cannot_run("cannot mount a tmpfs here (needs root)");
         return;
     }
     let _mount = Mount(small.clone());

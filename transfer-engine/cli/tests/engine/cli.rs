@@ -142,11 +142,14 @@ fn congestion_control_the_server_may_not_use_is_refused_by_name() {
         .into_iter()
         .find(|a| !allowed.contains(a))
     else {
-        eprintln!("skipped: every available congestion control is allowed here");
+        longhaul_testkit::cannot_run(
+            "every available congestion control is allowed here (load a second one, e.g. modprobe tcp_bbr)",
+        );
         return;
     };
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to start the server as nobody");
+        longhaul_testkit::cannot_run("needs root to start the server as nobody");
         return;
     }
     let server = Server::start_under(

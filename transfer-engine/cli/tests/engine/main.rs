@@ -8,6 +8,7 @@ mod support;
 
 mod auth;
 mod cli;
+mod display;
 mod hardening;
 mod robustness;
 mod stats_api;
