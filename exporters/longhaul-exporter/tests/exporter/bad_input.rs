@@ -237,8 +237,17 @@ fn unknown_collectors_and_bad_flags_exit_2_with_a_clear_message() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-    let (code, _) = run_exit(&["--help"]);
-    assert_eq!(code, 0);
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&help.stdout);
+    for own in [
+        "--web.listen-address",
+        "--collector.tcp.ports",
+        "--no-collector.raid",
+        "Collectors:",
+    ] {
+        assert!(text.contains(own), "--help lacks {own}:\n{text}");
+    }
 }
 
 #[test]
