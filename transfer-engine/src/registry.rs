@@ -3,7 +3,9 @@
 //! Sessions register when their handshake starts and stay visible for
 //! [`FINISHED_RETENTION`] after they end, so a scrape right after a session
 //! still sees its final counters. Stream counters are the workers' own
-//! atomics ([`StreamStats`]), so the API always reads live values.
+//! atomics ([`StreamStats`]), so the API always reads live values. The
+//! client's end of the streams is what it last reported over the control
+//! connection (`StreamsReport`, then its `Done`): listed with `peer: true`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use longhaul_stats_api as api;
 
-use crate::messages::{Direction, Mode, Role};
+use crate::messages::{Direction, Mode, Role, SessionRequest, StreamReport};
 use crate::stream::StreamStats;
 
 /// How long finished and failed sessions stay in the snapshot: longer than
@@ -41,6 +43,10 @@ struct EntryState {
     state: api::State,
     ended: Option<Instant>,
     streams: Vec<Arc<StreamStats>>,
+    /// The client's end of the streams, as it last reported them.
+    peer_streams: Vec<StreamReport>,
+    /// The client's host name, as it gave it in its request.
+    peer_host: Option<String>,
     /// Disk mode: the session's device groups and their live counters.
     devices: Vec<Arc<crate::disk::devices::DeviceGroup>>,
 }
@@ -50,16 +56,18 @@ impl SessionEntry {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The client asked for a session: record mode and direction (server's
-    /// view: a client that sends makes the server receive).
-    pub fn set_request(&self, mode: Mode, client_direction: Direction) {
+    /// The client asked for a session: record mode, direction (server's
+    /// view: a client that sends makes the server receive) and the client's
+    /// host name.
+    pub fn set_request(&self, req: &SessionRequest) {
         let mut s = self.lock();
-        s.mode = match mode {
+        s.peer_host = req.client_host.clone();
+        s.mode = match req.mode {
             // Messages sessions are memory to memory too.
             Mode::Memory | Mode::Messages => api::Mode::Memory,
             Mode::Disk => api::Mode::Disk,
         };
-        s.direction = match client_direction {
+        s.direction = match req.direction {
             Direction::Send => api::Direction::Receive,
             Direction::Receive => api::Direction::Send,
             Direction::Bidir => api::Direction::Bidir,
@@ -70,6 +78,11 @@ impl SessionEntry {
         let mut s = self.lock();
         s.state = api::State::Running;
         s.streams = streams;
+    }
+
+    /// The client's latest report of its streams replaces the previous one.
+    pub fn set_peer_streams(&self, streams: Vec<StreamReport>) {
+        self.lock().peer_streams = streams;
     }
 
     pub fn set_devices(&self, devices: Vec<Arc<crate::disk::devices::DeviceGroup>>) {
@@ -84,32 +97,35 @@ impl SessionEntry {
         let s = self.lock();
         let mut sent = 0;
         let mut received = 0;
-        let streams = s
+        let mut streams: Vec<api::Stream> = s
             .streams
             .iter()
             .map(|st| {
                 let bytes = st.bytes();
-                let direction = match st.role {
-                    Role::Send => {
-                        sent += bytes;
-                        api::Direction::Send
-                    }
-                    Role::Receive => {
-                        received += bytes;
-                        api::Direction::Receive
-                    }
-                };
+                match st.role {
+                    Role::Send => sent += bytes,
+                    Role::Receive => received += bytes,
+                }
                 api::Stream {
                     id: st.id,
-                    direction,
+                    direction: api_direction(st.role),
                     bytes,
                     tcp: st.last_tcp(),
+                    peer: false,
                 }
             })
             .collect();
+        streams.extend(s.peer_streams.iter().map(|st| api::Stream {
+            id: st.id,
+            direction: api_direction(st.role),
+            bytes: st.bytes,
+            tcp: st.tcp,
+            peer: true,
+        }));
         api::Session {
             id: self.id.clone(),
             peer: self.peer.clone(),
+            peer_host: s.peer_host.clone(),
             mode: s.mode,
             direction: s.direction,
             state: s.state,
@@ -119,6 +135,13 @@ impl SessionEntry {
             streams,
             devices: s.devices.iter().map(|g| g.snapshot()).collect(),
         }
+    }
+}
+
+fn api_direction(role: Role) -> api::Direction {
+    match role {
+        Role::Send => api::Direction::Send,
+        Role::Receive => api::Direction::Receive,
     }
 }
 
@@ -159,6 +182,8 @@ impl Registry {
                 state: api::State::Handshake,
                 ended: None,
                 streams: Vec::new(),
+                peer_streams: Vec::new(),
+                peer_host: None,
                 devices: Vec::new(),
             }),
         });

@@ -458,7 +458,7 @@ fn serve_session(
         }
     };
     let entry = ctx.registry.add(to_hex(&session_id), peer.to_string());
-    entry.set_request(req.mode, req.direction);
+    entry.set_request(&req);
     *entry_out = Some(entry.clone());
     let total = session::total_streams(&req);
     let (events_tx, events) = mpsc::channel();
@@ -501,6 +501,7 @@ fn serve_session(
         &events_tx,
         SAMPLE_INTERVAL,
         &mut |_, _| {},
+        session::PeerStreams::Collect(&|reported| entry.set_peer_streams(reported)),
     )?;
     let bytes: u64 = outcome.local.streams.iter().map(|s| s.bytes).sum();
     let secs = outcome.local.seconds.max(1e-9);
