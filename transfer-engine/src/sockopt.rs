@@ -241,6 +241,10 @@ mod tests {
         }
         assert!(info.bytes_acked >= sent.len() as u64, "{info:?}");
         assert!(info.segs_out >= 1, "{info:?}");
-        assert_eq!(tcp_info(&s).unwrap().segs_out, 0, "the receiver sent no data");
+        assert_eq!(
+            tcp_info(&s).unwrap().segs_out,
+            0,
+            "the receiver sent no data"
+        );
     }
 }

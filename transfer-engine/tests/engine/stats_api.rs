@@ -80,7 +80,14 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
         let addr = server.addr();
         let streams = streams_per_direction.to_string();
         let mut args = vec![
-            "send", "--to", &addr, "--streams", &streams, "--time", "4", "--json",
+            "send",
+            "--to",
+            &addr,
+            "--streams",
+            &streams,
+            "--time",
+            "4",
+            "--json",
         ];
         if !flag.is_empty() {
             args.push(flag);
@@ -132,7 +139,11 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
             .any(|s| s.peer && s.direction == Direction::Send);
         assert_eq!(client_sends, flag != "--reverse", "{flag}");
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-        assert_eq!(session.peer_host.as_deref(), Some(hostname.trim()), "{flag}");
+        assert_eq!(
+            session.peer_host.as_deref(),
+            Some(hostname.trim()),
+            "{flag}"
+        );
 
         let out = sender.wait(RUN_TIMEOUT);
         assert_eq!(out.code, Some(0), "{flag}: {}", out.stderr);

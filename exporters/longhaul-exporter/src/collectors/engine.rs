@@ -347,7 +347,8 @@ mod tests {
                 (stream.to_string(), "send".to_string()),
             ]
         };
-        let want: Vec<(String, String)> = ["0", "1", "other"].iter().flat_map(|s| both(s)).collect();
+        let want: Vec<(String, String)> =
+            ["0", "1", "other"].iter().flat_map(|s| both(s)).collect();
         assert_eq!(keys("longhaul_stream_bytes_total"), want);
         assert_eq!(keys("longhaul_stream_retransmits_total"), want);
         let value = |name: &str, stream: &str, dir: &str| {
@@ -359,9 +360,18 @@ mod tests {
                 .value
         };
         assert_eq!(value("longhaul_stream_retransmits_total", "0", "send"), 7.0);
-        assert_eq!(value("longhaul_stream_retransmits_total", "0", "receive"), 1.0);
-        assert_eq!(value("longhaul_stream_segments_sent_total", "1", "send"), 700.0);
-        assert_eq!(value("longhaul_stream_pacing_rate_bytes", "0", "send"), 1000.0);
+        assert_eq!(
+            value("longhaul_stream_retransmits_total", "0", "receive"),
+            1.0
+        );
+        assert_eq!(
+            value("longhaul_stream_segments_sent_total", "1", "send"),
+            700.0
+        );
+        assert_eq!(
+            value("longhaul_stream_pacing_rate_bytes", "0", "send"),
+            1000.0
+        );
         assert_eq!(value("longhaul_stream_bytes_total", "other", "send"), 15.0);
         let info = &family("longhaul_session_info").samples[0];
         assert_eq!(info.labels[2], ("peer_host", "xfer-a".to_string()));
