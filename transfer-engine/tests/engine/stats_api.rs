@@ -132,7 +132,12 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
             .streams
             .iter()
             .any(|s| !s.peer && s.direction == Direction::Send);
-        assert_eq!(server_sends, flag != "", "{flag}: {:?}", session.streams);
+        assert_eq!(
+            server_sends,
+            !flag.is_empty(),
+            "{flag}: {:?}",
+            session.streams
+        );
         let client_sends = session
             .streams
             .iter()
