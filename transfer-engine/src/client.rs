@@ -69,8 +69,23 @@ impl SendOptions {
             cc: self.cc.clone(),
             rate_bps: self.rate_bps,
             mode_params: None,
+            client_host: host_name(),
         }
     }
+}
+
+/// This machine's host name (gethostname), for the server's stats API.
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf/len describe a local buffer; the kernel NUL-terminates
+    // names shorter than it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..len]).trim().to_string();
+    (!name.is_empty()).then_some(name)
 }
 
 fn resolve(to: &str) -> Result<SocketAddr> {
@@ -344,6 +359,7 @@ pub fn run_request(
         &events_tx,
         tick_every,
         &mut tick,
+        session::PeerStreams::Report(session::REPORT_PERIOD),
     );
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     let outcome = result?;

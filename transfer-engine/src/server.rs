@@ -448,7 +448,7 @@ fn serve_session(
         }
     };
     let entry = ctx.registry.add(session_hex.clone(), peer.to_string());
-    entry.set_request(req.mode, req.direction);
+    entry.set_request(&req);
     *entry_out = Some(entry.clone());
     let total = session::total_streams(&req);
     let (events_tx, events) = mpsc::channel();
@@ -491,6 +491,7 @@ fn serve_session(
         &events_tx,
         SAMPLE_INTERVAL,
         &mut |_, _| {},
+        session::PeerStreams::Collect(&|reported| entry.set_peer_streams(reported)),
     )?;
     modes::check_outcome(&req, Side::Server, &outcome)?;
     let bytes: u64 = outcome.local.streams.iter().map(|s| s.bytes).sum();
