@@ -12,7 +12,11 @@ thresholds in rules/longhaul-thresholds.yml), run it, commit both.
 One place defines the selectors, units and thresholds that every dashboard
 shares, in the spirit of the Prometheus mixins: Prometheus panels filter by
 `job` and `instance` (the host) and use `$__rate_interval`; router panels
-read Telegraf's SNMP data from InfluxDB with InfluxQL.
+read Telegraf's SNMP data from InfluxDB with InfluxQL. Threshold lines are
+the alerts' own threshold series (longhaul:threshold:*, rules/), so they
+follow whatever the prometheus role deployed. The Prometheus dashboards carry
+annotations from Prometheus: firing longhaul alerts (ALERTS) and sessions
+(from start to end, longhaul_session_info).
 """
 
 import json
@@ -38,18 +42,9 @@ UIDS = {
 }
 
 
-def rule_thresholds():
-    """Default alert thresholds from rules/longhaul-thresholds.yml, so the
-    dashboards draw the lines the alerts use (the prometheus role may
-    override the deployed values; the lines show the defaults)."""
-    text = (
-        Path(__file__).resolve().parent.parent / "rules" / "longhaul-thresholds.yml"
-    ).read_text()
-    pairs = re.findall(r"record: longhaul:threshold:(\w+)\s+expr: vector\(([0-9.eE+-]+)\)", text)
-    return {name: float(value) for name, value in pairs}
-
-
-THRESHOLDS = rule_thresholds()
+# The alerts this project ships (rules/longhaul-alerts.yml): shown as
+# annotations while they fire.
+ALERT_NAMES = "Longhaul.+|RouterCountersStale"
 
 # Grafana's own variables the queries may use.
 GRAFANA_VARIABLES = {"__rate_interval", "__interval", "timeFilter"}
@@ -68,7 +63,22 @@ def rate(metric, *extra):
     return "rate(%s[$__rate_interval])" % sel(metric, *extra)
 
 
+def recorded(series, *extra):
+    """A recording rule's series: no `job` label (the rules aggregate it
+    away), so only instance and the extra matchers filter it."""
+    return "%s{%s}" % (series, ", ".join(['instance=~"$instance"', *extra]))
+
+
+def threshold(name):
+    """An alert threshold as a series, the value the alerts use."""
+    return "longhaul:threshold:%s" % name
+
+
 SESSION = 'session=~"$session"'
+# The end of a stream whose TCP state explains its throughput: the sending
+# socket (the engine lists both ends of each stream).
+SENDER = 'direction="send"'
+RECEIVER = 'direction="receive"'
 CONTROLLER = 'controller=~"$controller"'
 DEVICE = 'device=~"$device"'
 
@@ -178,7 +188,7 @@ def influx_target(query, alias, ref="A"):
     }
 
 
-def timeseries(title, description, unit, targets, stack=False, repeat=None, line_at=None):
+def timeseries(title, description, unit, targets, stack=False, repeat=None, threshold_refs=()):
     custom = {"fillOpacity": 30 if stack else 10, "lineWidth": 1, "showPoints": "never"}
     if stack:
         custom["stacking"] = {"mode": "normal", "group": "A"}
@@ -194,12 +204,18 @@ def timeseries(title, description, unit, targets, stack=False, repeat=None, line
         },
         "targets": targets,
     }
-    if line_at is not None:
-        custom["thresholdsStyle"] = {"mode": "line"}
-        panel["fieldConfig"]["defaults"]["thresholds"] = {
-            "mode": "absolute",
-            "steps": [{"color": "green", "value": None}, {"color": "red", "value": line_at}],
-        }
+    for ref in threshold_refs:
+        # The alert threshold's own series, drawn as a dashed red line.
+        panel["fieldConfig"]["overrides"].append(
+            {
+                "matcher": {"id": "byFrameRefID", "options": ref},
+                "properties": [
+                    {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
+                    {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                    {"id": "custom.fillOpacity", "value": 0},
+                ],
+            }
+        )
     if repeat:
         panel["repeat"] = repeat
         panel["repeatDirection"] = "h"
@@ -271,6 +287,46 @@ def layout(panels):
     return panels
 
 
+def prometheus_annotations(variables):
+    """Annotations from Prometheus: firing longhaul alerts, and every
+    session as a region from its start to its end (the engine lists a session
+    while it runs and for a minute after). Filtered by the dashboard's
+    instance and session variables where it has them."""
+    names = {v["name"] for v in variables}
+    where = ['job=~"$job"'] if "job" in names else []
+    where += ['instance=~"$instance"'] if "instance" in names else []
+    where += [SESSION] if "session" in names else []
+    alert_where = ['alertstate="firing"', 'alertname=~"%s"' % ALERT_NAMES]
+    return [
+        {
+            "name": "Longhaul alerts",
+            "datasource": PROM,
+            "enable": True,
+            "iconColor": "red",
+            "expr": "max by (alertname, severity, scope, instance, session, direction, peer_host) "
+            "(ALERTS{%s})" % ", ".join(alert_where),
+            "step": "30s",
+            "titleFormat": "{{alertname}} ({{severity}})",
+            "textFormat": "{{instance}} {{peer_host}} session {{session}} {{direction}}",
+            "tagKeys": "scope,severity",
+            "useValueForTime": False,
+        },
+        {
+            "name": "Sessions",
+            "datasource": PROM,
+            "enable": True,
+            "iconColor": "blue",
+            "expr": "max by (instance, session, peer_host, mode, direction) "
+            "(longhaul_session_info{%s})" % ", ".join(where),
+            "step": "30s",
+            "titleFormat": "session {{session}}",
+            "textFormat": "{{peer_host}} and {{instance}}, {{mode}}, {{direction}} on {{instance}}",
+            "tagKeys": "mode,direction",
+            "useValueForTime": False,
+        },
+    ]
+
+
 def dashboard(key, title, description, variables, panels):
     return {
         "uid": UIDS[key],
@@ -295,7 +351,11 @@ def dashboard(key, title, description, variables, panels):
                 "targetBlank": False,
             }
         ],
-        "annotations": {"list": []},
+        "annotations": {
+            "list": prometheus_annotations(variables)
+            if any(v["name"] == "prometheus_datasource" for v in variables)
+            else []
+        },
         "templating": {"list": variables},
         "panels": layout(panels),
     }
@@ -323,14 +383,14 @@ def total_throughput():
 def stream_throughput():
     return timeseries(
         "Per-stream throughput",
-        "Payload bits per second of every data stream; streams beyond the exporter's label cap "
-        'are summed into stream="other".',
+        "Payload bits per second each data stream delivers (its receiving end); streams beyond "
+        'the exporter\'s label cap are summed into stream="other".',
         "bps",
         [
             prom_target(
-                "8 * sum by (instance, session, stream, direction) (%s)"
-                % rate("longhaul_stream_bytes_total", SESSION),
-                "{{session}}/{{stream}} {{direction}}",
+                "8 * sum by (instance, session, stream) (%s)"
+                % rate("longhaul_stream_bytes_total", SESSION, RECEIVER),
+                "{{session}}/{{stream}}",
             )
         ],
     )
@@ -432,23 +492,25 @@ def transfer_overview():
         ),
         stat(
             "Retransmits",
-            "TCP segments retransmitted per second by all streams of the selected sessions.",
+            "TCP segments retransmitted per second by the sending sockets of the selected "
+            "sessions (whichever end sends).",
             "pps",
             [
                 prom_target(
-                    "sum(%s) or vector(0)" % rate("longhaul_stream_retransmits_total", SESSION),
+                    "sum(%s) or vector(0)"
+                    % rate("longhaul_stream_retransmits_total", SESSION, SENDER),
                     instant=True,
                 )
             ],
         ),
         stat(
             "Max RTT",
-            "Highest smoothed round-trip time of any stream of the selected sessions.",
+            "Highest smoothed round-trip time of any sending socket of the selected sessions.",
             "s",
             [
                 prom_target(
                     "max(max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_rtt_seconds", SESSION),
+                    % sel("longhaul_stream_rtt_seconds", SESSION, SENDER),
                     instant=True,
                 )
             ],
@@ -466,40 +528,94 @@ def transfer_overview():
                 )
             ],
         ),
+        timeseries(
+            "Session throughput and drop threshold",
+            "Each session's 1m rate, and the rate below which LonghaulThroughputDrop fires (dashed): "
+            "the session's baseline (90th percentile of its 1m rate over 2 h) times the deployed "
+            "throughput_drop_ratio.",
+            "bps",
+            [
+                prom_target(
+                    "8 * %s" % recorded("longhaul:session_throughput_bytes:rate1m", SESSION),
+                    "{{instance}} {{session}} {{direction}}",
+                    "A",
+                ),
+                prom_target(
+                    "8 * %s * on () group_left () %s"
+                    % (
+                        recorded("longhaul:session_throughput_bytes:rate1m_p90_2h", SESSION),
+                        threshold("throughput_drop_ratio"),
+                    ),
+                    "{{instance}} {{session}} {{direction}} alert below",
+                    "B",
+                ),
+            ],
+            threshold_refs=["B"],
+        ),
         stream_throughput(),
         timeseries(
             "Retransmits per stream",
-            "TCP segments retransmitted per second on each stream's socket (tcpi_total_retrans).",
+            "TCP segments retransmitted per second by each stream's sending socket "
+            "(tcpi_total_retrans; the client reports its sockets to the server, so this is the "
+            "sending side whichever end sends).",
             "pps",
             [
                 prom_target(
                     "sum by (instance, session, stream) (%s)"
-                    % rate("longhaul_stream_retransmits_total", SESSION),
+                    % rate("longhaul_stream_retransmits_total", SESSION, SENDER),
                     "{{session}}/{{stream}}",
                 )
             ],
         ),
         timeseries(
+            "Retransmit ratio per session",
+            "Retransmitted / sent data segments of each session's sending sockets over 5 minutes, "
+            "and the deployed threshold of LonghaulHighRetransmits (dashed).",
+            "percentunit",
+            [
+                prom_target(
+                    recorded("longhaul:session_retransmit_ratio:rate5m", SESSION),
+                    "{{instance}} {{session}}",
+                    "A",
+                ),
+                prom_target(threshold("retransmit_ratio"), "alert above", "B"),
+            ],
+            threshold_refs=["B"],
+        ),
+        timeseries(
             "RTT per stream",
-            "Smoothed round-trip time of each stream's socket, from TCP_INFO.",
+            "Smoothed round-trip time of each stream's sending socket, from TCP_INFO.",
             "s",
             [
                 prom_target(
                     "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_rtt_seconds", SESSION),
+                    % sel("longhaul_stream_rtt_seconds", SESSION, SENDER),
                     "{{session}}/{{stream}}",
                 )
             ],
         ),
         timeseries(
             "Congestion window per stream",
-            "Congestion window of each stream's socket in bytes (snd_cwnd x MSS). With the RTT it "
-            "bounds the stream's throughput at cwnd / RTT.",
+            "Congestion window of each stream's sending socket in bytes (snd_cwnd x MSS). With the "
+            "RTT it bounds the stream's throughput at cwnd / RTT.",
             "bytes",
             [
                 prom_target(
                     "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_cwnd_bytes", SESSION),
+                    % sel("longhaul_stream_cwnd_bytes", SESSION, SENDER),
+                    "{{session}}/{{stream}}",
+                )
+            ],
+        ),
+        timeseries(
+            "Pacing rate per stream",
+            "TCP pacing rate of each stream's sending socket (tcpi_pacing_rate): what the "
+            "congestion control (or --rate) lets the socket send.",
+            "Bps",
+            [
+                prom_target(
+                    "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
+                    % sel("longhaul_stream_pacing_rate_bytes", SESSION, SENDER),
                     "{{session}}/{{stream}}",
                 )
             ],
@@ -529,7 +645,7 @@ def transfer_overview():
             "bps",
             [
                 prom_target(
-                    "max by (instance, session, peer, mode, direction) "
+                    "max by (instance, session, peer, peer_host, mode, direction) "
                     "(max_over_time(%s[$__rate_interval]))" % sel("longhaul_session_info", SESSION),
                     ref="A",
                     instant=True,
@@ -744,11 +860,14 @@ def disk_io():
         timeseries(
             "Utilisation per controller",
             "Busy time of a controller's disks divided by their number: 100 % means every disk "
-            "behind it is always busy. The red line is LonghaulControllerSaturated's default "
+            "behind it is always busy. The dashed line is LonghaulControllerSaturated's deployed "
             "threshold.",
             "percentunit",
-            [prom_target(controller_util, "{{instance}} {{controller}}")],
-            line_at=THRESHOLDS["controller_utilisation"],
+            [
+                prom_target(controller_util, "{{instance}} {{controller}}", "A"),
+                prom_target(threshold("controller_utilisation"), "saturated above", "B"),
+            ],
+            threshold_refs=["B"],
         ),
     ]
     return dashboard(
@@ -866,6 +985,15 @@ DASHBOARDS = {
 def problems(dashboards):
     """Invariants the linter does not cover for all data sources."""
     found = []
+    for name, board in dashboards.items():
+        variables = {v["name"] for v in board["templating"]["list"]}
+        for annotation in board["annotations"]["list"]:
+            where = "%s annotation %r" % (name, annotation["name"])
+            if annotation["datasource"]["uid"].strip("${}") not in variables:
+                found.append(where + ": data source is not a dashboard variable")
+            for used in re.findall(r"\$\{?(\w+)", annotation["expr"]):
+                if used not in variables:
+                    found.append(where + ": uses undefined variable $" + used)
     uids = [d["uid"] for d in dashboards.values()]
     if len(set(uids)) != len(uids):
         found.append("dashboard uids are not unique: %s" % uids)

@@ -64,6 +64,32 @@ def test_prometheus_answers_with_the_rules(compose):
     assert {"longhaul-throughput", "longhaul-transfers"} <= {g["name"] for g in groups}
 
 
+def test_an_empty_stack_raises_no_alert(compose):
+    """Before any host is provisioned the stack scrapes only itself,
+    Alertmanager and Telegraf. Once every rule group has been evaluated, no
+    alert is pending or firing: alerts only watch targets that are expected
+    to be up (LonghaulExporterDown used to fire for the missing longhaul job)."""
+    url = compose["LONGHAUL_PROMETHEUS_PORT"]
+    wait_until(lambda: status(url + "/-/ready") == 200, 60, "Prometheus ready")
+    def evaluations():
+        """Each rule group's last evaluation (year 1 until the first one)."""
+        groups = Lab.get_json(url + "/api/v1/rules")["data"]["groups"]
+        return {g["name"]: g["lastEvaluation"] for g in groups}
+
+    def all_evaluated():
+        found = evaluations()
+        return found if found and not any(at.startswith("0001-") for at in found.values()) else None
+
+    first = wait_until(all_evaluated, 120, "every rule group evaluated")
+    wait_until(
+        lambda: all(first[name] != at for name, at in evaluations().items()),
+        120,
+        "every rule group evaluated once more",
+    )
+    alerts = Lab.get_json(url + "/api/v1/alerts")["data"]["alerts"]
+    assert alerts == [], alerts
+
+
 def test_alertmanager_answers_and_prometheus_reaches_it(compose):
     url = compose["LONGHAUL_ALERTMANAGER_PORT"]
     wait_until(lambda: status(url + "/-/ready") == 200, 60, "Alertmanager ready")

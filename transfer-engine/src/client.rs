@@ -15,7 +15,7 @@ use crate::connection::{self, Connection};
 use crate::datapath::{DataPlane, PlaneProgress};
 use crate::error::{Error, Result};
 use crate::handshake::{self, Nonces};
-use crate::limits::{DEFAULT_BUFFER, DEFAULT_SECONDS};
+use crate::limits::{DEFAULT_BUFFER, DEFAULT_SECONDS, REPORT_PERIOD};
 use crate::messages::{Direction, Message, SessionRequest};
 use crate::planes::{self, Amount, Payload};
 use crate::send_report::FinalReport;
@@ -88,8 +88,23 @@ impl SendOptions {
             cc: self.cc.clone(),
             rate_bps: self.rate_bps,
             mode_params: None,
+            client_host: host_name(),
         }
     }
+}
+
+/// This machine's host name (gethostname), for the server's stats API.
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf/len describe a local buffer; the kernel NUL-terminates
+    // names shorter than it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..len]).trim().to_string();
+    (!name.is_empty()).then_some(name)
 }
 
 /// A look at a running send, handed to the watcher every period.
@@ -279,6 +294,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
         &events_tx,
         every,
         &mut tick,
+        session::PeerStreams::Report(REPORT_PERIOD),
     );
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     let outcome = result?;

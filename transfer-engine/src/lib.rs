@@ -53,7 +53,11 @@ pub use error::{Error, Result};
 
 /// Version of the control protocol. Bumped on any incompatible change to
 /// frames, messages or the attach header; both ends refuse a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// 2: the client sends `StreamsReport` during the data phase, which a
+/// version-1 server would reject as an unknown message in mid-run; the bump
+/// turns that into a clear version mismatch at the handshake.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Software version reported in the handshake and the stats API.
 pub const SOFTWARE_VERSION: &str = env!("CARGO_PKG_VERSION");

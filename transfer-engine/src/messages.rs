@@ -18,8 +18,14 @@
 //!   (data connections attach, see crate::attach)
 //!   Start                           ->
 //!   ... data ...
+//!   StreamsReport {streams}         ->   (every REPORT_PERIOD while the data phase runs)
 //!   Done {streams, cpu}             <->  Done {streams, cpu}   (each end, when its workers end)
 //! ```
+//!
+//! `StreamsReport` makes the client's end of every stream visible on the
+//! server's stats API while the run lasts (`longhaul send` has no stats API of
+//! its own): its bytes and TCP_INFO, so the sending side's congestion window
+//! and retransmits reach Prometheus whichever end sends (docs/visibility.md).
 //!
 //! Instead of `SessionRequest`, a client may send `Ping {seq, limits}` any
 //! number of times; the server answers each with `Pong {seq, limits?}`
@@ -51,6 +57,8 @@ pub enum MessageType {
     /// `longhaul advise`: RTT probe (and the server's socket buffer limits).
     Ping = 0x0a,
     Pong = 0x0b,
+    /// The client's streams (bytes and TCP_INFO) during the data phase.
+    StreamsReport = 0x0c,
     ModeData = 0x40,
 }
 
@@ -69,6 +77,7 @@ impl MessageType {
             0x09 => Error,
             0x0a => Ping,
             0x0b => Pong,
+            0x0c => StreamsReport,
             0x40 => ModeData,
             _ => return None,
         })
@@ -148,6 +157,10 @@ pub struct SessionRequest {
     /// Mode-specific parameters (disk mode: destination, file list, ...).
     #[serde(default)]
     pub mode_params: Option<serde_json::Value>,
+    /// The client's host name, so the server's stats API (and the alerts
+    /// built on it) can name both hosts of the session.
+    #[serde(default)]
+    pub client_host: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -191,6 +204,13 @@ pub struct StreamReport {
 pub enum Role {
     Send,
     Receive,
+}
+
+/// The client's end of every stream, sent periodically during the data phase
+/// (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamsReport {
+    pub streams: Vec<StreamReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -256,6 +276,7 @@ pub enum Message {
     Error(ErrorMessage),
     Ping(Ping),
     Pong(Pong),
+    StreamsReport(StreamsReport),
     /// Mode-specific message; the JSON shape belongs to the mode.
     ModeData(serde_json::Value),
 }
@@ -287,6 +308,7 @@ impl Message {
             Message::Error(_) => MessageType::Error,
             Message::Ping(_) => MessageType::Ping,
             Message::Pong(_) => MessageType::Pong,
+            Message::StreamsReport(_) => MessageType::StreamsReport,
             Message::ModeData(_) => MessageType::ModeData,
         }
     }
@@ -309,6 +331,7 @@ impl Message {
             Message::Error(m) => body(k, m),
             Message::Ping(m) => body(k, m),
             Message::Pong(m) => body(k, m),
+            Message::StreamsReport(m) => body(k, m),
             Message::ModeData(m) => body(k, m),
         }
     }
@@ -334,6 +357,7 @@ impl Message {
             MessageType::Error => Message::Error(parse(k, p)?),
             MessageType::Ping => Message::Ping(parse(k, p)?),
             MessageType::Pong => Message::Pong(parse(k, p)?),
+            MessageType::StreamsReport => Message::StreamsReport(parse(k, p)?),
             MessageType::ModeData => Message::ModeData(parse(k, p)?),
         })
     }
@@ -370,6 +394,20 @@ mod tests {
                 cc: Some("cubic".into()),
                 rate_bps: None,
                 mode_params: None,
+                client_host: Some("xfer-a".into()),
+            }),
+            Message::StreamsReport(StreamsReport {
+                streams: vec![StreamReport {
+                    id: 0,
+                    role: Role::Send,
+                    bytes: 1 << 30,
+                    tcp: Some(longhaul_stats_api::TcpInfo {
+                        cwnd_bytes: 2 << 20,
+                        retransmits: 12,
+                        segs_out: 90_000,
+                        ..Default::default()
+                    }),
+                }],
             }),
             Message::ModeData(serde_json::json!({"files": []})),
             Message::Ping(Ping {

@@ -5,7 +5,9 @@
 //! still sees its final counters. While a session runs, stream counters are
 //! the workers' own atomics ([`StreamStats`]), so the API always reads live
 //! values; when it ends they are frozen into plain numbers, so a finished
-//! session holds no socket and no worker state.
+//! session holds no socket and no worker state. The client's end of the
+//! streams is what it last reported over the control connection
+//! (`StreamsReport`, then its `Done`): listed with `peer: true`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use longhaul_stats_api as api;
 
 use crate::datapath::DeviceCounters;
-use crate::messages::{Direction, Mode, Role};
+use crate::messages::{Direction, Mode, Role, SessionRequest, StreamReport};
 use crate::stream::StreamStats;
 
 /// How long finished and failed sessions stay in the snapshot: longer than
@@ -51,6 +53,10 @@ struct EntryState {
     streams: Vec<Arc<StreamStats>>,
     /// The streams' final counters, once the session ended.
     frozen: Option<Vec<api::Stream>>,
+    /// The client's end of the streams, as it last reported them.
+    peer_streams: Vec<StreamReport>,
+    /// The client's host name, as it gave it in its request.
+    peer_host: Option<String>,
     /// Disk mode: the session's device groups and their live counters.
     devices: Vec<Arc<dyn DeviceCounters>>,
 }
@@ -60,16 +66,18 @@ impl SessionEntry {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The client asked for a session: record mode and direction (server's
-    /// view: a client that sends makes the server receive).
-    pub fn set_request(&self, mode: Mode, client_direction: Direction) {
+    /// The client asked for a session: record mode, direction (server's
+    /// view: a client that sends makes the server receive) and the client's
+    /// host name.
+    pub fn set_request(&self, req: &SessionRequest) {
         let mut s = self.lock();
-        s.mode = match mode {
+        s.peer_host = req.client_host.clone();
+        s.mode = match req.mode {
             // Messages sessions are memory to memory too.
             Mode::Memory | Mode::Messages => api::Mode::Memory,
             Mode::Disk => api::Mode::Disk,
         };
-        s.direction = match client_direction {
+        s.direction = match req.direction {
             Direction::Send => api::Direction::Receive,
             Direction::Receive => api::Direction::Send,
             Direction::Bidir => api::Direction::Bidir,
@@ -82,6 +90,11 @@ impl SessionEntry {
         s.streams = streams;
     }
 
+    /// The client's latest report of its streams replaces the previous one.
+    pub fn set_peer_streams(&self, streams: Vec<StreamReport>) {
+        self.lock().peer_streams = streams;
+    }
+
     pub fn set_devices(&self, devices: Vec<Arc<dyn DeviceCounters>>) {
         self.lock().devices = devices;
     }
@@ -92,10 +105,11 @@ impl SessionEntry {
 
     fn to_api(&self) -> api::Session {
         let s = self.lock();
-        let streams: Vec<api::Stream> = match &s.frozen {
+        let mut streams: Vec<api::Stream> = match &s.frozen {
             Some(f) => f.clone(),
             None => s.streams.iter().map(|st| live_stream(st)).collect(),
         };
+        // This end's totals: the client's own report is listed, not summed.
         let (mut sent, mut received) = (0, 0);
         for st in &streams {
             match st.direction {
@@ -103,9 +117,17 @@ impl SessionEntry {
                 _ => received += st.bytes,
             }
         }
+        streams.extend(s.peer_streams.iter().map(|st| api::Stream {
+            id: st.id,
+            direction: api_direction(st.role),
+            bytes: st.bytes,
+            tcp: st.tcp,
+            peer: true,
+        }));
         api::Session {
             id: self.id.clone(),
             peer: self.peer.clone(),
+            peer_host: s.peer_host.clone(),
             mode: s.mode,
             direction: s.direction,
             state: s.state,
@@ -121,12 +143,17 @@ impl SessionEntry {
 fn live_stream(st: &StreamStats) -> api::Stream {
     api::Stream {
         id: st.id,
-        direction: match st.role {
-            Role::Send => api::Direction::Send,
-            Role::Receive => api::Direction::Receive,
-        },
+        direction: api_direction(st.role),
         bytes: st.bytes(),
         tcp: st.last_tcp(),
+        peer: false,
+    }
+}
+
+fn api_direction(role: Role) -> api::Direction {
+    match role {
+        Role::Send => api::Direction::Send,
+        Role::Receive => api::Direction::Receive,
     }
 }
 
@@ -168,6 +195,8 @@ impl Registry {
                 ended: None,
                 streams: Vec::new(),
                 frozen: None,
+                peer_streams: Vec::new(),
+                peer_host: None,
                 devices: Vec::new(),
             }),
         });

@@ -451,7 +451,7 @@ fn serve_session(
         }
     };
     let entry = ctx.registry.add(session_hex.clone(), peer.to_string());
-    entry.set_request(req.mode, req.direction);
+    entry.set_request(&req);
     *entry_out = Some(entry.clone());
     let total = session::total_streams(&req);
     let (events_tx, events) = mpsc::channel();
@@ -494,6 +494,7 @@ fn serve_session(
         &events_tx,
         SAMPLE_INTERVAL,
         &mut |_, _| {},
+        session::PeerStreams::Collect(&|reported| entry.set_peer_streams(reported)),
     )?;
     plane.check(
         outcome.local.mode_summary.as_ref(),

@@ -1,5 +1,6 @@
 //! What both ends of a session share: the stream layout (which stream
-//! carries which direction, how many bytes), the data phase loop, and the
+//! carries which direction, how many bytes), the data phase loop (including
+//! the client's periodic `StreamsReport`, see [`PeerStreams`]), and the
 //! end-of-session checks (both ends agree on every stream's byte count; no
 //! stream sat idle that should have moved data).
 //!
@@ -22,10 +23,25 @@ use crate::limits::{
     DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT, MAX_BUFFER, MAX_STREAMS, SHUTDOWN_TIMEOUT,
     WATCHDOG_PERIOD,
 };
-use crate::messages::{Direction, Done, Message, Role, SessionRequest, StreamReport};
+use crate::messages::{
+    Direction, Done, Message, Role, SessionRequest, StreamReport, StreamsReport,
+};
 use crate::pacer::Pacer;
 use crate::sockopt;
 use crate::stream::{self, StartGate, StreamStats, Work};
+
+/// The other end's view of the streams during the data phase. `longhaul
+/// send` has no stats API, so the client reports its sockets (bytes and
+/// TCP_INFO) to the server, whose stats API lists them next to its own:
+/// both ends of every stream are visible, whichever end sends.
+pub enum PeerStreams<'a> {
+    /// Client: send our streams to the server every period, until our
+    /// `Done` (which carries the final figures).
+    Report(Duration),
+    /// Server: every report of the client, and finally the streams of its
+    /// `Done`, go here.
+    Collect(&'a dyn Fn(Vec<StreamReport>)),
+}
 
 /// Which end of the session we are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,10 +169,11 @@ pub struct PhaseOutcome {
 }
 
 /// Runs the data phase on one end: starts a worker per stream, samples
-/// TCP_INFO every `tick_every` (calling `tick` with the elapsed time), sends
-/// our `Done` once our workers are finished, waits for the peer's, and checks
-/// that both ends agree. On any failure every stream is aborted and the peer
-/// is told why.
+/// TCP_INFO every `tick_every` (calling `tick` with the elapsed time),
+/// reports to or collects from the peer its view of the streams (`peer`),
+/// sends our `Done` once our workers are finished, waits for the peer's, and
+/// checks that both ends agree. On any failure every stream is aborted and
+/// the peer is told why.
 #[allow(clippy::too_many_arguments)]
 pub fn run_data_phase(
     req: &SessionRequest,
@@ -167,10 +184,11 @@ pub fn run_data_phase(
     events_tx: &Sender<Event>,
     tick_every: Duration,
     tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
+    peer: PeerStreams<'_>,
 ) -> Result<PhaseOutcome> {
     let stop = Arc::new(AtomicBool::new(false));
     let result = data_phase_inner(
-        req, plane, streams, control, events, events_tx, tick_every, tick, &stop,
+        req, plane, streams, control, events, events_tx, tick_every, tick, &peer, &stop,
     );
     if let Err(e) = &result {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -193,6 +211,7 @@ fn data_phase_inner(
     events_tx: &Sender<Event>,
     tick_every: Duration,
     tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
+    peer: &PeerStreams<'_>,
     stop: &Arc<AtomicBool>,
 ) -> Result<PhaseOutcome> {
     let limit_for = |id: u32| match stream_bytes(req, id) {
@@ -239,6 +258,11 @@ fn data_phase_inner(
     let mut local: Option<Done> = None;
     let mut remote: Option<Done> = None;
     let mut next_tick = start + tick_every;
+    let report_every = match peer {
+        PeerStreams::Report(period) => Some(*period),
+        PeerStreams::Collect(_) => None,
+    };
+    let mut next_report = report_every.map(|p| start + p);
     // Once our workers are done the peer has SHUTDOWN_TIMEOUT to report.
     let mut give_up: Option<Instant> = None;
     while local.is_none() || remote.is_none() {
@@ -250,7 +274,25 @@ fn data_phase_inner(
                 ));
             }
         }
-        let wait = next_tick.min(watchdog.next).saturating_duration_since(now);
+        if let (Some(at), Some(period), None) = (next_report, report_every, &local) {
+            if now >= at {
+                for s in streams {
+                    s.sample();
+                }
+                let report = StreamsReport {
+                    streams: streams.iter().map(|s| s.report()).collect(),
+                };
+                control.send(&Message::StreamsReport(report))?;
+                // Never a burst of catch-up reports after a slow moment.
+                next_report = Some((at + period).max(Instant::now()));
+                continue;
+            }
+        }
+        let wake = match (next_report, &local) {
+            (Some(at), None) => next_tick.min(watchdog.next).min(at),
+            _ => next_tick.min(watchdog.next),
+        };
+        let wait = wake.saturating_duration_since(now);
         match events.recv_timeout(wait) {
             Ok(Event::Worker { result: Ok(_), id }) => {
                 watchdog.finished(id);
@@ -268,7 +310,20 @@ fn data_phase_inner(
                 }
             }
             Ok(Event::Worker { result: Err(e), .. }) => return Err(e),
-            Ok(Event::Control(Ok(Message::Done(d)))) => remote = Some(*d),
+            Ok(Event::Control(Ok(Message::Done(d)))) => {
+                if let PeerStreams::Collect(collect) = peer {
+                    collect(check_report(req, d.streams.clone())?);
+                }
+                remote = Some(*d);
+            }
+            Ok(Event::Control(Ok(Message::StreamsReport(r)))) => match peer {
+                PeerStreams::Collect(collect) => collect(check_report(req, r.streams)?),
+                PeerStreams::Report(_) => {
+                    return Err(Error::Protocol(
+                        "unexpected StreamsReport from the server: only the client reports".into(),
+                    ))
+                }
+            },
             Ok(Event::Control(Ok(Message::ModeData(_)))) => {}
             Ok(Event::Control(Ok(other))) => {
                 return Err(Error::Protocol(format!(
@@ -400,6 +455,27 @@ pub fn spawn_control_reader(mut reader: Connection, events: Sender<Event>) -> Re
     Ok(())
 }
 
+/// Checks a client's `StreamsReport`: one entry per stream of the session
+/// at most, each with the client's role on it (the stats API lists what it
+/// gets, so a confused peer must not invent streams).
+fn check_report(req: &SessionRequest, streams: Vec<StreamReport>) -> Result<Vec<StreamReport>> {
+    let total = total_streams(req);
+    let mut seen = vec![false; total as usize];
+    for s in &streams {
+        let fresh = seen
+            .get_mut(s.id as usize)
+            .map(|seen| !std::mem::replace(seen, true))
+            .unwrap_or(false);
+        if !fresh || s.role != role(req, Side::Client, s.id) {
+            return Err(Error::Protocol(format!(
+                "StreamsReport: stream {} ({:?}) is not a stream of the client in this {total}-stream session, or appears twice",
+                s.id, s.role
+            )));
+        }
+    }
+    Ok(streams)
+}
+
 /// Checks that for every stream the receiver got exactly what the sender
 /// sent (and, with `--bytes`, exactly the stream's share).
 pub fn verify_totals(
@@ -455,6 +531,7 @@ mod tests {
             cc: None,
             rate_bps: None,
             mode_params: None,
+            client_host: None,
         }
     }
 
@@ -475,6 +552,29 @@ mod tests {
         assert_eq!(role(&b, Side::Client, 0), Role::Send);
         assert_eq!(role(&b, Side::Client, 3), Role::Receive);
         assert_eq!(role(&b, Side::Server, 3), Role::Send);
+    }
+
+    #[test]
+    fn stream_reports_must_match_the_clients_streams() {
+        let b = req(Direction::Bidir, 2, None);
+        let report = |id, role| StreamReport {
+            id,
+            role,
+            bytes: 1,
+            tcp: None,
+        };
+        let good = vec![report(0, Role::Send), report(3, Role::Receive)];
+        assert_eq!(check_report(&b, good.clone()).unwrap(), good);
+        for bad in [
+            vec![report(4, Role::Receive)],                     // no such stream
+            vec![report(0, Role::Receive)],                     // the server's role
+            vec![report(1, Role::Send), report(1, Role::Send)], // twice
+        ] {
+            assert!(
+                matches!(check_report(&b, bad.clone()), Err(Error::Protocol(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -205,6 +205,8 @@ pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
         retransmits: u32_at(&buf, 100) as u64,
         pacing_rate_bps: u64_at(&buf, 104).saturating_mul(8),
         delivery_rate_bps: u64_at(&buf, 160).saturating_mul(8),
+        bytes_acked: u64_at(&buf, 120),
+        segs_out: u32_at(&buf, 156) as u64,
     })
 }
 
@@ -229,5 +231,34 @@ mod tests {
         assert!(info.cwnd_bytes > 0);
         assert!(set_buffers(&c, 64 << 10).unwrap().is_none());
         assert!(set_cc(&c, "no-such-cc").is_err());
+    }
+
+    #[test]
+    fn tcp_info_counts_what_a_sender_sent() {
+        use std::io::{Read, Write};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let sent = vec![7u8; 200_000];
+        c.write_all(&sent).unwrap();
+        let mut got = vec![0u8; sent.len()];
+        s.read_exact(&mut got).unwrap();
+        // The receiver read everything, so it has been acknowledged (loopback
+        // ACKs arrive within microseconds; allow a few).
+        let mut info = tcp_info(&c).unwrap();
+        for _ in 0..100 {
+            if info.bytes_acked >= sent.len() as u64 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            info = tcp_info(&c).unwrap();
+        }
+        assert!(info.bytes_acked >= sent.len() as u64, "{info:?}");
+        assert!(info.segs_out >= 1, "{info:?}");
+        assert_eq!(
+            tcp_info(&s).unwrap().segs_out,
+            0,
+            "the receiver sent no data"
+        );
     }
 }

@@ -73,6 +73,10 @@ pub struct Session {
     pub id: String,
     /// Remote control-connection address, "IP:PORT".
     pub peer: String,
+    /// The peer's host name as it reported it (`longhaul send` sends its
+    /// own); absent when the peer did not say.
+    #[serde(default)]
+    pub peer_host: Option<String>,
     pub mode: Mode,
     pub direction: Direction,
     pub state: State,
@@ -87,16 +91,27 @@ pub struct Session {
     pub devices: Vec<DeviceIo>,
 }
 
+/// One end of a data stream. A session lists its streams once for this
+/// engine's own sockets and, while the peer reports them, once more for the
+/// peer's end of the same connections ([`Stream::peer`]): the two ends of a
+/// stream have opposite directions, so (`id`, `direction`) is unique.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stream {
     pub id: u32,
-    /// `send` or `receive` (a single data connection carries one direction).
+    /// `send` or `receive`: what this end does on the stream (a single data
+    /// connection carries one direction).
     pub direction: Direction,
+    /// Payload bytes this end sent or received on the stream.
     pub bytes: u64,
-    /// Latest TCP_INFO sample of the stream's socket; absent before the
-    /// first sample or after the socket closed.
+    /// Latest TCP_INFO sample of this end's socket; absent before the first
+    /// sample or after the socket closed.
     #[serde(default)]
     pub tcp: Option<TcpInfo>,
+    /// The peer's end of the stream, as the peer (`longhaul send`) reported
+    /// it over the control connection during the data phase; `false` for
+    /// this engine's own socket.
+    #[serde(default)]
+    pub peer: bool,
 }
 
 /// The TCP_INFO fields longhaul reports. Units are in the field names:
@@ -116,6 +131,14 @@ pub struct TcpInfo {
     pub pacing_rate_bps: u64,
     /// tcpi_delivery_rate in bits per second (kernel bytes/s * 8).
     pub delivery_rate_bps: u64,
+    /// tcpi_bytes_acked: bytes the peer acknowledged (a sender's delivered
+    /// bytes).
+    #[serde(default)]
+    pub bytes_acked: u64,
+    /// tcpi_data_segs_out: data segments sent, retransmissions included
+    /// (the denominator of a retransmit ratio).
+    #[serde(default)]
+    pub segs_out: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

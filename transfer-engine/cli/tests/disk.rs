@@ -454,6 +454,7 @@ mod crafted {
                 json!({"dest": dest, "resume": true, "io_workers_per_device": 1,
                 "direct": false, "entries": entries.len(), "chunk_size": 1 << 20}),
             ),
+            client_host: None,
         }))?;
         conn.send(&Message::ModeData(
             json!({"disk": "manifest", "entries": entries}),

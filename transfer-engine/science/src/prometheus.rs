@@ -53,7 +53,8 @@ pub const QUERIES: &[Query] = &[
     },
     Query {
         title: "Per-stream throughput (Prometheus)",
-        promql: "sum by (session, stream) (rate(longhaul_stream_bytes_total[1m])) * 8",
+        // The receiving end of each stream: the stats API lists both ends.
+        promql: "sum by (session, stream) (rate(longhaul_stream_bytes_total{direction=\"receive\"}[1m])) * 8",
         labels: &["stream"],
         unit: Unit::BitsPerSecond,
     },

@@ -6,7 +6,14 @@
 //! then reports no session series and `collector_success 0`; the scrape is
 //! served as always. Stream labels are capped per session (DESIGN.md): the
 //! first `max_streams` stream ids get their own series, the rest are summed
-//! into `stream="other"` (bytes, retransmits and cwnd summed, RTT averaged).
+//! into `stream="other"` (counters, cwnd and pacing rate summed, RTT
+//! averaged).
+//!
+//! The engine lists both ends of each stream: its own socket and the peer's
+//! (the client reports its sockets to the server during the run). The two
+//! ends of a stream have opposite directions, so every per-stream series
+//! carries `direction`: `direction="send"` is the sending socket, whose
+//! cwnd, retransmits and pacing rate are the ones that matter.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -74,14 +81,24 @@ fn dir_str(d: Direction) -> &'static str {
     }
 }
 
-/// Per-stream figures after the cap.
+/// Figures of one end (direction) of a stream, or of the streams summed
+/// into "other", after the cap.
 #[derive(Default)]
 struct StreamRow {
-    bytes: BTreeMap<&'static str, u64>,
-    retransmits: Option<u64>,
-    cwnd: Option<u64>,
+    bytes: u64,
+    tcp: Option<TcpSums>,
+}
+
+/// TCP_INFO of the sockets behind a row: sums, and the RTT as a mean.
+#[derive(Default)]
+struct TcpSums {
+    retransmits: u64,
+    cwnd: u64,
+    pacing_bytes_per_s: u64,
+    bytes_acked: u64,
+    segs_out: u64,
     rtt_sum_us: f64,
-    rtt_n: u32,
+    sockets: u32,
 }
 
 /// Builds the engine families from a snapshot (separate from IO for tests).
@@ -100,15 +117,27 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
     );
     let mut rtt = Family::gauge(
         "longhaul_stream_rtt_seconds",
-        "Smoothed TCP round-trip time of the stream's socket (mean for stream=\"other\").",
+        "Smoothed TCP round-trip time of the stream's socket at this end (direction) (mean for stream=\"other\").",
     );
     let mut cwnd = Family::gauge(
         "longhaul_stream_cwnd_bytes",
-        "TCP congestion window of the stream's socket in bytes (sum for stream=\"other\").",
+        "TCP congestion window of the stream's socket at this end in bytes (sum for stream=\"other\").",
     );
     let mut retrans = Family::counter(
         "longhaul_stream_retransmits_total",
-        "TCP segments retransmitted by the stream's socket.",
+        "TCP segments retransmitted by the stream's socket at this end (tcpi_total_retrans).",
+    );
+    let mut segments = Family::counter(
+        "longhaul_stream_segments_sent_total",
+        "TCP data segments sent by the stream's socket at this end, retransmissions included (tcpi_data_segs_out).",
+    );
+    let mut acked = Family::counter(
+        "longhaul_stream_bytes_acked_total",
+        "Bytes the other end acknowledged on the stream's socket (tcpi_bytes_acked).",
+    );
+    let mut pacing = Family::gauge(
+        "longhaul_stream_pacing_rate_bytes",
+        "TCP pacing rate of the stream's socket at this end in bytes per second (sum for stream=\"other\").",
     );
     let mut device_io = Family::counter(
         "longhaul_device_io_bytes_total",
@@ -116,36 +145,30 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
     );
     for s in &snap.sessions {
         let id = s.id.as_str();
-        info.push(
-            &[
-                ("session", id),
-                ("peer", &s.peer),
-                ("mode", mode_str(s.mode)),
-                ("direction", dir_str(s.direction)),
-            ],
-            1.0,
-        );
+        let mut labels = vec![("session", id), ("peer", s.peer.as_str())];
+        if let Some(host) = &s.peer_host {
+            labels.push(("peer_host", host));
+        }
+        labels.extend([
+            ("mode", mode_str(s.mode)),
+            ("direction", dir_str(s.direction)),
+        ]);
+        info.push(&labels, 1.0);
         session_bytes.push_u64(&[("session", id), ("direction", "send")], s.bytes_sent);
         session_bytes.push_u64(
             &[("session", id), ("direction", "receive")],
             s.bytes_received,
         );
-        for (stream, row) in capped_streams(s, max_streams) {
-            for (dir, bytes) in &row.bytes {
-                stream_bytes.push_u64(
-                    &[("session", id), ("stream", &stream), ("direction", dir)],
-                    *bytes,
-                );
-            }
-            let labels = [("session", id), ("stream", stream.as_str())];
-            if row.rtt_n > 0 {
-                rtt.push(&labels, row.rtt_sum_us / f64::from(row.rtt_n) / 1e6);
-            }
-            if let Some(c) = row.cwnd {
-                cwnd.push_u64(&labels, c);
-            }
-            if let Some(r) = row.retransmits {
-                retrans.push_u64(&labels, r);
+        for ((stream, dir), row) in capped_streams(s, max_streams) {
+            let labels = [("session", id), ("stream", &stream), ("direction", dir)];
+            stream_bytes.push_u64(&labels, row.bytes);
+            if let Some(tcp) = row.tcp {
+                rtt.push(&labels, tcp.rtt_sum_us / f64::from(tcp.sockets) / 1e6);
+                cwnd.push_u64(&labels, tcp.cwnd);
+                retrans.push_u64(&labels, tcp.retransmits);
+                segments.push_u64(&labels, tcp.segs_out);
+                acked.push_u64(&labels, tcp.bytes_acked);
+                pacing.push_u64(&labels, tcp.pacing_bytes_per_s);
             }
         }
         for d in &s.devices {
@@ -169,36 +192,50 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         rtt,
         cwnd,
         retrans,
+        segments,
+        acked,
+        pacing,
         device_io,
     ]
 }
 
-/// Streams keyed by label value: the `max_streams` lowest ids as themselves,
-/// the rest folded into "other".
-fn capped_streams(s: &Session, max_streams: usize) -> Vec<(String, StreamRow)> {
-    let mut streams: Vec<_> = s.streams.iter().collect();
-    streams.sort_by_key(|st| st.id);
-    let mut rows: Vec<(String, StreamRow)> = Vec::new();
-    let mut other: Option<StreamRow> = None;
-    for (i, st) in streams.into_iter().enumerate() {
-        let row = if i < max_streams {
-            rows.push((st.id.to_string(), StreamRow::default()));
-            &mut rows.last_mut().expect("just pushed").1
+/// Rows keyed by (stream label, direction), in stream id order: the
+/// `max_streams` lowest ids as themselves (each end of a stream its own
+/// row), the rest folded into "other" per direction.
+fn capped_streams(s: &Session, max_streams: usize) -> Vec<((String, &'static str), StreamRow)> {
+    let mut ids: Vec<u32> = s.streams.iter().map(|st| st.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let rank: BTreeMap<u32, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    // Sort key: the id's rank (usize::MAX for "other"), then the direction.
+    let mut rows: BTreeMap<(usize, &'static str), (String, StreamRow)> = BTreeMap::new();
+    for st in &s.streams {
+        let r = rank[&st.id];
+        let (key, label) = if r < max_streams {
+            (r, st.id.to_string())
         } else {
-            other.get_or_insert_with(StreamRow::default)
+            (usize::MAX, OTHER_STREAM.to_string())
         };
-        *row.bytes.entry(dir_str(st.direction)).or_default() += st.bytes;
+        let dir = dir_str(st.direction);
+        let row = &mut rows
+            .entry((key, dir))
+            .or_insert_with(|| (label, StreamRow::default()))
+            .1;
+        row.bytes += st.bytes;
         if let Some(tcp) = &st.tcp {
-            row.rtt_sum_us += f64::from(tcp.rtt_us);
-            row.rtt_n += 1;
-            *row.cwnd.get_or_insert(0) += tcp.cwnd_bytes;
-            *row.retransmits.get_or_insert(0) += tcp.retransmits;
+            let sums = row.tcp.get_or_insert_with(TcpSums::default);
+            sums.rtt_sum_us += f64::from(tcp.rtt_us);
+            sums.sockets += 1;
+            sums.cwnd += tcp.cwnd_bytes;
+            sums.retransmits += tcp.retransmits;
+            sums.segs_out += tcp.segs_out;
+            sums.bytes_acked += tcp.bytes_acked;
+            sums.pacing_bytes_per_s += tcp.pacing_rate_bps / 8;
         }
     }
-    if let Some(o) = other {
-        rows.push((OTHER_STREAM.to_string(), o));
-    }
-    rows
+    rows.into_iter()
+        .map(|((_, dir), (label, row))| ((label, dir), row))
+        .collect()
 }
 
 #[cfg(test)]
@@ -213,6 +250,7 @@ mod tests {
             sessions: vec![Session {
                 id: "s1".into(),
                 peer: "10.0.0.2:40000".into(),
+                peer_host: Some("xfer-a".into()),
                 mode: Mode::Disk,
                 direction: Direction::Receive,
                 state: State::Running,
@@ -230,6 +268,7 @@ mod tests {
                             retransmits: 1,
                             ..Default::default()
                         }),
+                        peer: false,
                     })
                     .collect(),
                 devices: vec![DeviceIo {
@@ -264,6 +303,78 @@ mod tests {
         assert!((rtt.samples[3].value - 0.0045).abs() < 1e-12);
         let total: f64 = bytes.samples.iter().map(|s| s.value).sum();
         assert_eq!(total, 50.0, "the cap never loses bytes");
+    }
+
+    /// The client's end of each stream (reported to the server) is listed
+    /// next to the server's: one series per end, told apart by direction,
+    /// and the cap counts stream ids, not ends.
+    #[test]
+    fn both_ends_of_a_stream_are_series_of_their_own() {
+        let mut snap = snapshot(3);
+        let session = &mut snap.sessions[0];
+        let peer_ends: Vec<Stream> = session
+            .streams
+            .iter()
+            .map(|st| Stream {
+                direction: Direction::Send,
+                peer: true,
+                bytes: st.bytes + 5,
+                tcp: Some(TcpInfo {
+                    rtt_us: 93_000,
+                    cwnd_bytes: 1 << 20,
+                    retransmits: 7,
+                    segs_out: 700,
+                    bytes_acked: 10,
+                    pacing_rate_bps: 8_000,
+                    ..Default::default()
+                }),
+                ..st.clone()
+            })
+            .collect();
+        session.streams.extend(peer_ends);
+        let fams = families(&snap, 2);
+        let family = |name: &str| fams.iter().find(|f| f.name == name).unwrap();
+        let keys = |name: &str| -> Vec<(String, String)> {
+            family(name)
+                .samples
+                .iter()
+                .map(|s| (s.labels[1].1.clone(), s.labels[2].1.clone()))
+                .collect()
+        };
+        let both = |stream: &str| {
+            [
+                (stream.to_string(), "receive".to_string()),
+                (stream.to_string(), "send".to_string()),
+            ]
+        };
+        let want: Vec<(String, String)> =
+            ["0", "1", "other"].iter().flat_map(|s| both(s)).collect();
+        assert_eq!(keys("longhaul_stream_bytes_total"), want);
+        assert_eq!(keys("longhaul_stream_retransmits_total"), want);
+        let value = |name: &str, stream: &str, dir: &str| {
+            family(name)
+                .samples
+                .iter()
+                .find(|s| s.labels[1].1 == stream && s.labels[2].1 == dir)
+                .unwrap()
+                .value
+        };
+        assert_eq!(value("longhaul_stream_retransmits_total", "0", "send"), 7.0);
+        assert_eq!(
+            value("longhaul_stream_retransmits_total", "0", "receive"),
+            1.0
+        );
+        assert_eq!(
+            value("longhaul_stream_segments_sent_total", "1", "send"),
+            700.0
+        );
+        assert_eq!(
+            value("longhaul_stream_pacing_rate_bytes", "0", "send"),
+            1000.0
+        );
+        assert_eq!(value("longhaul_stream_bytes_total", "other", "send"), 15.0);
+        let info = &family("longhaul_session_info").samples[0];
+        assert_eq!(info.labels[2], ("peer_host", "xfer-a".to_string()));
     }
 
     #[test]

@@ -69,7 +69,7 @@ fn client_reports_a_server_with_another_protocol_version() {
         let mut conn = Connection::with_prefix(sock, Vec::new()).unwrap();
         let _hello = conn.recv().unwrap();
         conn.send(&Message::Challenge(Challenge {
-            version: 2,
+            version: longhaul_engine::PROTOCOL_VERSION + 1,
             server_nonce: "11".repeat(32),
             token_required: false,
         }))

@@ -27,10 +27,11 @@ fn stats_api_shows_a_running_session_with_streams() {
     let session = loop {
         let snap = snapshot(server.stats_port);
         let found = snap.sessions.into_iter().find(|s| {
+            let own: Vec<_> = s.streams.iter().filter(|st| !st.peer).collect();
             s.state == State::Running
-                && s.streams.len() == 4
+                && own.len() == 4
                 && s.bytes_received > 0
-                && s.streams.iter().all(|st| st.tcp.is_some())
+                && own.iter().all(|st| st.tcp.is_some())
         });
         if let Some(s) = found {
             break s;
@@ -47,7 +48,7 @@ fn stats_api_shows_a_running_session_with_streams() {
     assert!(session
         .streams
         .iter()
-        .all(|s| s.direction == Direction::Receive));
+        .all(|s| s.peer || s.direction == Direction::Receive));
 
     let out = sender.wait(RUN_TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -66,4 +67,112 @@ fn stats_api_shows_a_running_session_with_streams() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(http_get(server.stats_port, "/nope").0, 404);
+}
+
+/// The server's stats API lists the client's end of every stream too
+/// (`peer: true`, reported over the control connection while the run lasts),
+/// so the sending side's TCP_INFO is visible whichever end sends: the
+/// client (default), the server (`--reverse`) or both (`--bidir`).
+#[test]
+fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
+    for (flag, streams_per_direction) in [("", 3u32), ("--reverse", 3), ("--bidir", 2)] {
+        let server = Server::start(&[]);
+        let addr = server.addr();
+        let streams = streams_per_direction.to_string();
+        let mut args = vec![
+            "send",
+            "--to",
+            &addr,
+            "--streams",
+            &streams,
+            "--time",
+            "4",
+            "--json",
+        ];
+        if !flag.is_empty() {
+            args.push(flag);
+        }
+        let connections = if flag == "--bidir" {
+            2 * streams_per_direction
+        } else {
+            streams_per_direction
+        };
+        let sender = spawn(&args);
+        let t = Instant::now();
+        // Live: both ends of each connection, opposite directions, and the
+        // sending end's TCP_INFO counting what it sent.
+        let session = loop {
+            let snap = snapshot(server.stats_port);
+            let found = snap.sessions.into_iter().find(|s| {
+                s.state == State::Running
+                    && s.streams.len() == 2 * connections as usize
+                    && s.streams.iter().all(|st| {
+                        st.bytes > 0
+                            && st.tcp.is_some_and(|tcp| {
+                                st.direction != Direction::Send || tcp.segs_out > 0
+                            })
+                    })
+            });
+            if let Some(s) = found {
+                break s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{flag}: no running session with both ends of its streams"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        for id in 0..connections {
+            let ends: Vec<_> = session.streams.iter().filter(|s| s.id == id).collect();
+            assert_eq!(ends.len(), 2, "{flag}: stream {id}: {ends:?}");
+            assert_ne!(ends[0].peer, ends[1].peer, "{flag}: {ends:?}");
+            assert_ne!(ends[0].direction, ends[1].direction, "{flag}: {ends:?}");
+        }
+        let server_sends = session
+            .streams
+            .iter()
+            .any(|s| !s.peer && s.direction == Direction::Send);
+        assert_eq!(
+            server_sends,
+            !flag.is_empty(),
+            "{flag}: {:?}",
+            session.streams
+        );
+        let client_sends = session
+            .streams
+            .iter()
+            .any(|s| s.peer && s.direction == Direction::Send);
+        assert_eq!(client_sends, flag != "--reverse", "{flag}");
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(
+            session.peer_host.as_deref(),
+            Some(hostname.trim()),
+            "{flag}"
+        );
+
+        let out = sender.wait(RUN_TIMEOUT);
+        assert_eq!(out.code, Some(0), "{flag}: {}", out.stderr);
+        // After the end the client's final figures (its Done) are listed:
+        // each connection's two ends agree on the bytes.
+        let t = Instant::now();
+        loop {
+            let snap = snapshot(server.stats_port);
+            let s = &snap.sessions[0];
+            if s.state == State::Finished {
+                for id in 0..connections {
+                    let bytes: Vec<u64> = s
+                        .streams
+                        .iter()
+                        .filter(|st| st.id == id)
+                        .map(|st| st.bytes)
+                        .collect();
+                    assert_eq!(bytes.len(), 2, "{flag}");
+                    assert_eq!(bytes[0], bytes[1], "{flag}: stream {id}");
+                }
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "session not finished");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }

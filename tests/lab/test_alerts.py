@@ -1,0 +1,345 @@
+"""Alerts a user can rely on, end to end in the lab.
+
+One scenario on the lab's one bring-up (conftest.py), about five minutes:
+
+1. a steady transfer xfer-a -> xfer-b (paced below the bottleneck, so the
+   router never drops a packet), which must produce no message at all;
+2. a long transfer at full rate; after a minute the router's bottleneck
+   falls to 40 %: LonghaulThroughputDrop must reach the lab's real SMTP
+   server and webhook receiver (role lab_alert_sink on the monitor), naming
+   the session, both hosts, the baseline and the current rate; while it
+   fires, the dashboards' annotation queries must find it, and the sending
+   side's per-stream series (reported by the client) must show the
+   retransmits the router's drops cause;
+3. the bottleneck comes back: a resolved message must arrive.
+
+The lab runs the alerts on short `for:` durations and Alertmanager on short
+group timings (lab/inventory/group_vars/monitoring), with the default
+threshold (70 % of the baseline).
+"""
+
+import json
+import re
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+from labkit import REPO, wait_until
+
+STREAMS = 8
+# The steady transfer: paced well below the lab's 200 Mb/s bottleneck.
+STEADY_SECONDS = 75
+STEADY_RATE_FRACTION = 0.6
+# Full rate for this long before the drop: the session's baseline.
+BASELINE_S = 70
+# The bottleneck falls to this fraction of its rate.
+DROP_FRACTION = 0.4
+# The lab's `for:` (20 s) + the 1m rate's lag (~30 s to cross 70 %) +
+# evaluation and scrape intervals + Alertmanager's group_wait (5 s), with room
+# for a busy 2-core machine.
+FIRES_WITHIN_S = 180
+# The 1m rate back above 70 % (~30 s) + Alertmanager's group_interval (30 s).
+RESOLVES_WITHIN_S = 180
+
+MAIL_DIR = "/var/lib/lab-alert-mail/maildir/new"
+HOOK_DIR = "/var/lib/lab-alert-webhook"
+# Run on the monitor: every mail (subject and decoded text) and every webhook
+# body the sinks hold, as one JSON object.
+READ_SINKS = r"""
+import email, email.policy, glob, json
+mails = []
+for path in sorted(glob.glob("%s/*")):
+    with open(path, "rb") as f:
+        mail = email.message_from_binary_file(f, policy=email.policy.default)
+    mails.append({"subject": str(mail["Subject"]), "text": mail.get_body(("plain",)).get_content()})
+hooks = []
+for path in sorted(glob.glob("%s/*.json")):
+    with open(path) as f:
+        hooks.append(json.load(f))
+print(json.dumps({"mails": mails, "hooks": hooks}))
+""" % (MAIL_DIR, HOOK_DIR)
+
+ENGINE_SESSIONS = (
+    "import urllib.request; "
+    "print(urllib.request.urlopen('http://127.0.0.1:7401/v1/sessions', timeout=5).read().decode())"
+)
+
+SI = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def bytes_per_second(text):
+    """Prometheus' humanize output ("9.981MB/s") -> bytes/s."""
+    match = re.fullmatch(r"([0-9.]+)([kMGT]?)B/s", text.strip())
+    assert match, "not a humanized rate: %r" % text
+    return float(match.group(1)) * SI[match.group(2)]
+
+
+def sinks(lab):
+    done = subprocess.run(
+        ["docker", "exec", lab.container("monitor"), "python3", "-c", READ_SINKS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def hook_alerts(found, session, status):
+    """(webhook body, alert) pairs of LonghaulThroughputDrop for the session."""
+    return [
+        (hook, alert)
+        for hook in found["hooks"]
+        for alert in hook["alerts"]
+        if alert["labels"].get("alertname") == "LonghaulThroughputDrop"
+        and alert["labels"].get("session") == session
+        and alert["status"] == status
+    ]
+
+
+def drop_mails(found, session, status):
+    marker = "%s: LonghaulThroughputDrop" % status.upper()
+    return [m for m in found["mails"] if marker in m["text"] and session in m["text"]]
+
+
+def engine_sessions(lab):
+    return json.loads(lab.sh("xfer-b", "python3 -c \"%s\"" % ENGINE_SESSIONS).stdout)["sessions"]
+
+
+def send_command(lab, seconds, rate=None, pidfile=None):
+    rate_flag = " --rate %d" % rate if rate else ""
+    pid = "echo $$ >%s; " % pidfile if pidfile else ""
+    return (
+        "%sexec /usr/local/bin/longhaul send --to %s:7400 --streams %d --buffer 2M%s --time %d "
+        "--token-file /etc/longhaul/token --json"
+        % (pid, lab.address["xfer-b"], STREAMS, rate_flag, seconds)
+    )
+
+
+def annotation_results(lab, start, end):
+    """Every Prometheus annotation query of the Transfer overview, as
+    Grafana runs it (variables "All"), over [start, end]."""
+    import test_dashboards as dash
+
+    board = json.loads((REPO / "dashboards" / "transfer-overview.json").read_text())
+    values = dash.prom_values("transfer-overview.json")
+    return {
+        annotation["name"]: lab.prom_range(
+            dash.substitute(annotation["expr"], values), start, end, step=5
+        )
+        for annotation in board["annotations"]["list"]
+    }
+
+
+def regions(series):
+    """Grafana's regions of an annotation series: runs of samples no more
+    than two steps apart -> [(start, end)]."""
+    times = [float(t) for t, _ in series["values"]]
+    found, first = [], times[0]
+    for before, after in zip(times, times[1:]):
+        if after - before > 10:
+            found.append((first, before))
+            first = after
+    found.append((first, times[-1]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def scenario(provisioned):
+    """Runs the steady transfer and the drop; returns what was seen when."""
+    lab = provisioned
+    seen = SimpleNamespace(errors=[], bottleneck_bps=lab.bottleneck_bps)
+    router_if_b = lab.router_interface(lab.env["LAB_IP_ROUTER_B"])
+    tbf = "tc qdisc change dev %s root tbf rate %dbit burst 512kb latency 50ms"
+    pidfile = "/run/longhaul-alert-test.pid"
+
+    # 1. The steady transfer.
+    steady = lab.sh(
+        "xfer-a",
+        send_command(lab, STEADY_SECONDS, rate=int(lab.bottleneck_bps * STEADY_RATE_FRACTION)),
+        timeout=STEADY_SECONDS + 120,
+    )
+    report = json.loads(steady.stdout.strip().splitlines()[-1])
+    seen.steady_session = report["session"]
+    seen.steady_end = time.time()
+    seen.steady_start = seen.steady_end - report["seconds"]
+    print("steady session %s: %.1f Mb/s" % (seen.steady_session, report["throughput_bps"] / 1e6))
+
+    # 2. The long transfer, its baseline, the drop.
+    sender = subprocess.Popen(
+        ["docker", "exec", lab.container("xfer-a"), "sh", "-c", send_command(lab, 900, pidfile=pidfile)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        running = wait_until(
+            lambda: [
+                s["id"]
+                for s in engine_sessions(lab)
+                if s["state"] == "running" and s["id"] != seen.steady_session
+            ],
+            60,
+            "the long transfer's session on xfer-b",
+        )
+        seen.session = running[0]
+        wait_until(
+            lambda: lab.promql(
+                'longhaul:session_throughput_bytes:rate1m{session="%s"} > 0' % seen.session
+            ),
+            60,
+            "the long transfer's 1m rate in Prometheus",
+        )
+        time.sleep(BASELINE_S)
+        lab.sh("router", tbf % (router_if_b, lab.bottleneck_bps * DROP_FRACTION))
+        seen.drop_at = time.time()
+        try:
+            wait_until(
+                lambda: hook_alerts(sinks(lab), seen.session, "firing"),
+                FIRES_WITHIN_S,
+                "LonghaulThroughputDrop for the session at the webhook receiver",
+                interval=3,
+            )
+            seen.fired_after = time.time() - seen.drop_at
+            print("LonghaulThroughputDrop delivered %.0f s after the drop" % seen.fired_after)
+            wait_until(
+                lambda: drop_mails(sinks(lab), seen.session, "firing"),
+                60,
+                "LonghaulThroughputDrop for the session at the SMTP server",
+                interval=3,
+            )
+        except AssertionError as error:
+            seen.errors.append(str(error))
+        seen.firing = sinks(lab)
+
+        # While it fires: the dashboards' annotations and the sending side.
+        seen.annotations = annotation_results(lab, seen.steady_start - 30, time.time())
+        seen.sending_side = {
+            name: lab.promql(
+                '%s{instance="xfer-b", session="%s", direction="send"}' % (name, seen.session)
+            )
+            for name in (
+                "longhaul_stream_retransmits_total",
+                "longhaul_stream_cwnd_bytes",
+                "longhaul_stream_segments_sent_total",
+            )
+        }
+
+        # 3. The bottleneck comes back.
+        lab.sh("router", tbf % (router_if_b, lab.bottleneck_bps))
+        seen.restored_at = time.time()
+        try:
+            wait_until(
+                lambda: hook_alerts(sinks(lab), seen.session, "resolved")
+                and drop_mails(sinks(lab), seen.session, "resolved"),
+                RESOLVES_WITHIN_S,
+                "the resolved LonghaulThroughputDrop at both sinks",
+                interval=3,
+            )
+            print("resolved %.0f s after the restore" % (time.time() - seen.restored_at))
+        except AssertionError as error:
+            seen.errors.append(str(error))
+        seen.high_retransmits = lab.promql(
+            'max_over_time(ALERTS{alertname="LonghaulHighRetransmits", alertstate="firing", '
+            'session="%s"}[%ds])' % (seen.session, int(time.time() - seen.drop_at) + BASELINE_S + 60)
+        )
+        seen.sender_alive = sender.poll() is None
+    finally:
+        lab.sh("router", tbf % (router_if_b, lab.bottleneck_bps), check=False)
+        lab.sh(
+            "xfer-a",
+            "[ -s %s ] && kill $(cat %s); rm -f %s" % (pidfile, pidfile, pidfile),
+            check=False,
+        )
+        sender.wait(timeout=60)
+    seen.final = sinks(lab)
+    return seen
+
+
+def test_a_drop_reaches_the_mail_server_and_the_webhook_receiver(scenario):
+    assert not scenario.errors, scenario.errors
+    assert scenario.sender_alive, "the long transfer ended before the end of the scenario"
+    (hook, alert), *_ = hook_alerts(scenario.firing, scenario.session, "firing")
+    notes = alert["annotations"]
+    assert alert["labels"]["instance"] == "xfer-b", alert
+    assert alert["labels"]["peer_host"] == "xfer-a", alert
+    assert (notes["sender"], notes["receiver"]) == ("xfer-a", "xfer-b"), notes
+    assert hook["groupLabels"] == {"session": scenario.session}, hook
+    baseline = bytes_per_second(notes["baseline_rate"])
+    current = bytes_per_second(notes["current_rate"])
+    print("webhook: %s; baseline %s, current %s" % (notes["summary"], baseline, current))
+    # The session got most of the bottleneck before the drop.
+    assert 0.5 < baseline * 8 / scenario.bottleneck_bps < 1.05, notes
+    assert current < 0.7 * baseline, notes
+    assert notes["dashboard"].startswith("http://"), notes
+
+    mail = drop_mails(scenario.firing, scenario.session, "firing")[0]
+    print("mail: %s" % mail["subject"])
+    for line in (
+        "Session:   %s" % scenario.session,
+        "Sender:    xfer-a",
+        "Receiver:  xfer-b",
+        "Baseline:  %s" % notes["baseline_rate"].strip(),
+        "Dashboard: http://",
+    ):
+        assert line in mail["text"], mail
+    assert re.search(r"^Current:   [0-9.]+[kMG]?B/s$", mail["text"], re.MULTILINE), mail
+
+
+def test_the_drop_fires_within_the_alert_time(scenario):
+    assert not scenario.errors, scenario.errors
+    assert scenario.fired_after <= FIRES_WITHIN_S
+
+
+def test_restoring_the_rate_resolves_it(scenario):
+    assert not scenario.errors, scenario.errors
+    resolved = hook_alerts(scenario.final, scenario.session, "resolved")
+    assert resolved, "no resolved webhook message for %s" % scenario.session
+    assert resolved[0][1]["annotations"]["receiver"] == "xfer-b"
+    assert drop_mails(scenario.final, scenario.session, "resolved")
+
+
+def test_the_steady_transfer_produced_no_message(scenario):
+    about_steady = [
+        hook
+        for hook in scenario.final["hooks"]
+        if scenario.steady_session in json.dumps(hook)
+    ] + [mail for mail in scenario.final["mails"] if scenario.steady_session in mail["text"]]
+    assert not about_steady, about_steady
+
+
+def test_annotation_queries_find_the_alert_and_the_sessions(scenario):
+    alerts = scenario.annotations["Longhaul alerts"]
+    drop = [
+        s
+        for s in alerts
+        if s["metric"].get("alertname") == "LonghaulThroughputDrop"
+        and s["metric"].get("session") == scenario.session
+    ]
+    assert drop, "the alert annotation does not show the firing drop: %s" % alerts
+    sessions = {s["metric"]["session"]: s for s in scenario.annotations["Sessions"]}
+    assert {scenario.steady_session, scenario.session} <= set(sessions), sessions.keys()
+    ((start, end),) = regions(sessions[scenario.steady_session])
+    print("steady session region %.0f..%.0f, transfer %.0f..%.0f"
+          % (start, end, scenario.steady_start, scenario.steady_end))
+    # Listed from its handshake until a minute after its end (the engine's
+    # retention), sampled every 5 s.
+    assert abs(start - scenario.steady_start) <= 15
+    assert scenario.steady_end <= end <= scenario.steady_end + 75
+
+
+def test_sending_side_series_show_the_drops_retransmits(scenario):
+    series = scenario.sending_side
+    for name, found in series.items():
+        assert len(found) == STREAMS, "%s: %s" % (name, found)
+    retransmits = sum(float(s["value"][1]) for s in series["longhaul_stream_retransmits_total"])
+    print("sending side: %d retransmits on %d streams" % (retransmits, STREAMS))
+    assert retransmits > 0
+    assert all(float(s["value"][1]) > 0 for s in series["longhaul_stream_cwnd_bytes"])
+
+
+def test_high_retransmits_fires_when_the_bottleneck_drops_packets(scenario):
+    assert scenario.high_retransmits, (
+        "LonghaulHighRetransmits never fired for %s" % scenario.session
+    )

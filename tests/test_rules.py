@@ -1,0 +1,128 @@
+"""The throughput-drop cases of rules/tests/ against the rule they replaced.
+
+rules/tests/throughput-drop.yml runs (scripts/check-rules) against today's
+rules. This module shows that its cases are not trivially green: run against
+the previous LonghaulThroughputDrop (1m rate below half of its own 15-minute
+mean, a baseline that includes the drop), the lasting drops do not fire as
+the tests require, while today's rules pass every case. Only firing and
+timing are compared there: the previous rule had no `scope`/`peer` labels and
+other annotations, so the expected alerts are reduced to its labels.
+"""
+
+import copy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = REPO / "rules"
+DROP_TESTS = RULES / "tests" / "throughput-drop.yml"
+
+# The rule before issue 17, as it was in rules/ (annotations left out).
+PREVIOUS_RULES = {
+    "groups": [
+        {
+            "name": "previous-throughput-drop",
+            "rules": [
+                {"record": "longhaul:threshold:throughput_drop_ratio", "expr": "vector(0.5)"},
+                {
+                    "record": "longhaul:session_throughput_bytes:rate1m",
+                    "expr": "sum by (instance, session, direction) "
+                    "(rate(longhaul_session_bytes_total[1m]))",
+                },
+                {
+                    "record": "longhaul:session_throughput_bytes:rate1m_avg15m",
+                    "expr": "avg_over_time(longhaul:session_throughput_bytes:rate1m[15m])",
+                },
+                {
+                    "alert": "LonghaulThroughputDrop",
+                    "expr": "( longhaul:session_throughput_bytes:rate1m"
+                    " < longhaul:session_throughput_bytes:rate1m_avg15m"
+                    " * on () group_left () longhaul:threshold:throughput_drop_ratio )"
+                    " and on (instance, session, direction)"
+                    " (sum by (instance, session, direction)"
+                    " (irate(longhaul_session_bytes_total[2m])) > 0)"
+                    " and on (instance, session) longhaul_session_info",
+                    "for": "5m",
+                    "labels": {"severity": "critical"},
+                },
+            ],
+        }
+    ]
+}
+
+# Labels the previous rule's alert has (besides alertname).
+PREVIOUS_LABELS = {"severity", "instance", "session", "direction"}
+
+# Cases that must fail against the previous rule: the drops that last.
+LASTING_DROPS = {
+    "drop to 40 percent fires and is still firing 40 minutes into the drop",
+    "drop to 60 percent fires for 40 minutes and resolves when the rate recovers",
+    "drop of a session the server sends names the server as sender",
+    "a firing drop resolves when the session ends",
+}
+
+
+def cases():
+    return yaml.safe_load(DROP_TESTS.read_text())["tests"]
+
+
+def timing_only(case):
+    """The case with expected alerts reduced to the previous rule's labels."""
+    case = copy.deepcopy(case)
+    for check in case.get("alert_rule_test", []):
+        check["exp_alerts"] = [
+            {"exp_labels": {k: v for k, v in alert["exp_labels"].items() if k in PREVIOUS_LABELS}}
+            for alert in check["exp_alerts"]
+        ]
+    return case
+
+
+def promtool_passes(tmp_path, rule_files, case):
+    test_file = tmp_path / "case.yml"
+    test_file.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(f) for f in rule_files],
+                "evaluation_interval": "15s",
+                "tests": [case],
+            }
+        )
+    )
+    done = subprocess.run(
+        [shutil.which("promtool") or "promtool", "test", "rules", str(test_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode == 0, done.stdout + done.stderr
+
+
+def current_rules():
+    return [RULES / name for name in ("longhaul-thresholds.yml", "longhaul-recording.yml")] + [
+        RULES / "longhaul-alerts.yml"
+    ]
+
+
+@pytest.fixture
+def previous_rules(tmp_path):
+    path = tmp_path / "previous.yml"
+    path.write_text(yaml.safe_dump(PREVIOUS_RULES))
+    return [path]
+
+
+def test_the_lasting_drop_cases_exist():
+    names = {case["name"] for case in cases()}
+    assert LASTING_DROPS <= names, LASTING_DROPS - names
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda case: case["name"])
+def test_case_against_the_current_and_the_previous_rule(case, tmp_path, previous_rules):
+    passes, output = promtool_passes(tmp_path, current_rules(), case)
+    assert passes, output
+    if case["name"] in LASTING_DROPS:
+        passes, output = promtool_passes(tmp_path, previous_rules, timing_only(case))
+        assert not passes, "the previous rule passes %r too:\n%s" % (case["name"], output)
