@@ -1,8 +1,10 @@
 """Handles on the running lab for the end-to-end tests (tests/lab): its
-scripts, playbooks, containers, and its Prometheus, Alertmanager and
-InfluxDB APIs (the same query methods as tests/stack.py's Stack, so the
+scripts, playbooks, containers, and its Prometheus, Alertmanager, InfluxDB
+and Grafana APIs (the same query methods as tests/stack.py's Stack, so the
 dashboard checks run against either)."""
 
+import base64
+import datetime
 import json
 import os
 import re
@@ -54,6 +56,15 @@ def rate_bps(rate):
     return value * (8 if match.group(4) == "bps" else 1)
 
 
+def epoch(ansible_time):
+    """The command module's '2026-11-21 08:09:07.123456' (UTC in the lab) -> epoch."""
+    return (
+        datetime.datetime.strptime(ansible_time, "%Y-%m-%d %H:%M:%S.%f")
+        .replace(tzinfo=datetime.timezone.utc)
+        .timestamp()
+    )
+
+
 class PlaybookRun:
     def __init__(self, done, seconds):
         self.rc = done.returncode
@@ -79,6 +90,7 @@ class Lab:
         self.prometheus_url = "http://%s:9090" % self.monitor
         self.alertmanager_url = "http://%s:9093" % self.monitor
         self.influxdb_url = "http://%s:8086" % self.monitor
+        self.grafana_url = "http://%s:3000" % self.monitor
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
@@ -206,6 +218,25 @@ class Lab:
             {"active": "true", "silenced": "false", "inhibited": "false"},
         )
         return [a for a in found if a["labels"].get("alertname") == name]
+
+    def grafana(self, path, body=None, params=None):
+        """Grafana's HTTP API as its admin (the password lab/up generated): GET, or
+        POST of a JSON body; returns the decoded answer, raises HTTPError on 4xx/5xx."""
+        url = self.grafana_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params, doseq=True)
+        password = (LAB / ".state" / "grafana-admin-password").read_text().strip()
+        request = urllib.request.Request(
+            url,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "Authorization": "Basic "
+                + base64.b64encode(("admin:%s" % password).encode()).decode(),
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
+            return json.load(answer)
 
     def ready(self, url):
         with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
