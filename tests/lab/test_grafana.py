@@ -6,10 +6,14 @@ InfluxQL clients, its macros) while a transfer runs. Campaigns leave start and
 end annotations in it.
 
 Generic over the dashboards: whatever dashboards Grafana lists, whatever
-panels, targets and template variables they have. The variables are filled
-with the values their own queries return through Grafana, as a user selecting
-every value would; $__rate_interval, $__interval and $timeFilter are left for
-Grafana to expand.
+panels, targets and template variables they have. Grafana's backend does not
+expand dashboard variables (its frontend does), so the test does it as the
+frontend would: every query variable's own query runs through Grafana and
+must find values in the lab, and a multi-value variable is rendered with
+every value it found selected (not "All" = .+, which would hide a panel
+whose series carry values its variable does not list), a single-value one
+with its saved value if found, else the first. $__rate_interval,
+$__interval and $timeFilter are left for Grafana to expand.
 """
 
 import json
@@ -103,8 +107,8 @@ class Dashboard:
         self.model = lab.grafana("/api/dashboards/uid/%s" % uid)["dashboard"]
         self.title = self.model["title"]
         self.datasources = lab.grafana("/api/datasources")
-        self.values = {}  # variable name -> list of values
-        self.formats = {}  # variable name -> "prometheus" | "influxdb" | "plain"
+        self.values = {}  # variable name -> the selected values
+        self.formats = {}  # variable name -> "prometheus" | "influxdb" (regex) | "plain"
         for variable in self.model.get("templating", {}).get("list", []):
             self.resolve(variable)
 
@@ -121,7 +125,7 @@ class Dashboard:
             query = query.get("query", "") if isinstance(query, dict) else query
             found = self.variable_values(source, self.render(query, source["type"]))
             assert found, "%s: variable $%s has no values (%s)" % (self.title, name, query)
-            self.values[name], self.formats[name] = found, source["type"]
+            self.values[name], self.formats[name] = selection(variable, found, source["type"])
         elif kind == "custom":
             self.values[name] = [v.strip() for v in variable["query"].split(",") if v.strip()]
             self.formats[name] = "plain"
@@ -224,6 +228,15 @@ def panels_of(model):
     for panel in model.get("panels", []):
         yield panel
         yield from panel.get("panels", [])
+
+
+def selection(variable, found, fmt):
+    """(values, format) of a query variable: every value found for a multi-value
+    one; else its saved value if the lab has it, else the first found."""
+    if variable.get("multi") or variable.get("includeAll"):
+        return found, fmt
+    saved = (variable.get("current") or {}).get("value")
+    return ([saved] if saved in found else found[:1]), fmt
 
 
 def render_values(values, fmt, datasource_type):
