@@ -28,6 +28,8 @@ VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv
 # Generous ceilings: the machine has 2 cores shared with everything else.
 PLAYBOOK_TIMEOUT_S = 900
 HTTP_TIMEOUT_S = 10
+# Where the shell of start_long_transfer's sender in xfer-a leaves its pid.
+LONG_TRANSFER_PIDFILE = "/run/longhaul-long-transfer.pid"
 
 RECAP = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
@@ -180,6 +182,33 @@ class Lab:
         run = self.playbook(CAMPAIGN, *args, timeout=timeout)
         runs = sorted(p for p in (Path(results_dir) / name).glob("*") if p.is_dir())
         return run, (runs[-1] if runs else None)
+
+    def start_long_transfer(self, seconds, streams=8):
+        """A memory `longhaul send` xfer-a -> xfer-b (2M buffers) in the background;
+        returns its Popen, for stop_long_transfer."""
+        return subprocess.Popen(
+            [
+                "docker",
+                "exec",
+                self.container("xfer-a"),
+                "sh",
+                "-c",
+                "echo $$ >%s; exec /usr/local/bin/longhaul send --to %s:7400 --streams %d "
+                "--buffer 2M --time %d --token-file /etc/longhaul/token --json"
+                % (LONG_TRANSFER_PIDFILE, self.address["xfer-b"], streams, seconds),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def stop_long_transfer(self, sender):
+        self.sh(
+            "xfer-a",
+            "[ -s {0} ] && kill $(cat {0}); rm -f {0}".format(LONG_TRANSFER_PIDFILE),
+            check=False,
+        )
+        sender.wait(timeout=60)
 
     # --- monitoring APIs (the same shapes as tests/stack.py's Stack) ---------------
     @staticmethod

@@ -18,7 +18,6 @@ $__interval and $timeFilter are left for Grafana to expand.
 
 import json
 import re
-import subprocess
 import time
 import urllib.error
 
@@ -59,27 +58,13 @@ def transfers(grafana, tmp_path_factory):
     started = time.time()
     results = tmp_path_factory.mktemp("results")
     run, directory = lab.campaign(CAMPAIGN, results)
-    pidfile = "/run/longhaul-grafana-test.pid"
-    sender = subprocess.Popen(
-        [
-            "docker",
-            "exec",
-            lab.container("xfer-a"),
-            "sh",
-            "-c",
-            "echo $$ >%s; exec /usr/local/bin/longhaul send --to %s:7400 --streams %d --buffer 2M "
-            "--time %d --token-file /etc/longhaul/token --json"
-            % (pidfile, lab.address["xfer-b"], LIVE_STREAMS, LIVE_SECONDS),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    sender = lab.start_long_transfer(LIVE_SECONDS, LIVE_STREAMS)
     try:
-        # Live for a minute in Prometheus, so rates over $__rate_interval exist.
+        # Live for a while in Prometheus, so rates over $__rate_interval exist.
         wait_until(
             lambda: lab.promql(
-                'sum(rate(longhaul_session_bytes_total{instance="xfer-b", direction="receive"}[20s])) > 0'
+                'sum(rate(longhaul_session_bytes_total{instance="xfer-b", direction="receive"}'
+                "[20s])) > 0"
             ),
             90,
             "the live transfer in Prometheus",
@@ -87,12 +72,7 @@ def transfers(grafana, tmp_path_factory):
         time.sleep(30)
         yield started, run, directory, sender
     finally:
-        lab.sh(
-            "xfer-a",
-            "[ -s %s ] && kill $(cat %s); rm -f %s" % (pidfile, pidfile, pidfile),
-            check=False,
-        )
-        sender.wait(timeout=60)
+        lab.stop_long_transfer(sender)
 
 
 # --- Grafana's query path, as its frontend drives it --------------------------------------
@@ -132,7 +112,9 @@ class Dashboard:
         elif kind in ("constant", "textbox"):
             self.values[name], self.formats[name] = [variable["query"]], "plain"
         else:
-            raise AssertionError("%s: variable type %s of $%s not handled" % (self.title, kind, name))
+            raise AssertionError(
+                "%s: variable type %s of $%s not handled" % (self.title, kind, name)
+            )
 
     def variable_values(self, source, query):
         if source["type"] == "prometheus":
@@ -246,7 +228,9 @@ def render_values(values, fmt, datasource_type):
         return values[0] if len(values) == 1 else "{%s}" % ",".join(values)
     if datasource_type == "prometheus":
         # inside a PromQL string: a regex escape is a doubled backslash
-        escaped = [re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m.group(0), v) for v in values]
+        escaped = [
+            re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m.group(0), v) for v in values
+        ]
     else:
         escaped = [re.sub(r"[$^*{}\[\]+?.()|\\/]", lambda m: "\\" + m.group(0), v) for v in values]
     return "(" + "|".join(escaped) + ")"
@@ -271,7 +255,9 @@ def test_grafana_runs_the_artifact_built_here(grafana):
     lab = grafana
     health = lab.grafana("/api/health")
     assert health["version"].startswith("10."), health
-    unit = lab.sh("monitor", "systemctl show grafana-server -p ActiveState -p User -p ExecStart").stdout
+    unit = lab.sh(
+        "monitor", "systemctl show grafana-server -p ActiveState -p User -p ExecStart"
+    ).stdout
     assert "ActiveState=active" in unit and "User=grafana" in unit, unit
     assert "/opt/grafana/current/bin/grafana" in unit, unit
 
@@ -314,7 +300,12 @@ def test_every_panel_returns_data_through_grafana_during_a_transfer(grafana, tra
             if not found:
                 empty.append(
                     "%s: %s (%s): %s"
-                    % (dashboard.title, title, target["refId"], target.get("expr") or target.get("query"))
+                    % (
+                        dashboard.title,
+                        title,
+                        target["refId"],
+                        target.get("expr") or target.get("query"),
+                    )
                 )
     assert sender.poll() is None, "the live transfer ended before the queries did: %s" % (
         sender.stderr.read()
@@ -344,7 +335,26 @@ def test_campaign_leaves_start_and_end_annotations(grafana, transfers):
         # The newest of each (an earlier run of the same campaign may have left its own).
         start = max(a["time"] for a in by_phase["start"]) / 1000
         end = max(a["time"] for a in by_phase["end"]) / 1000
-        print("run %s: annotated %.1f s before its start, %.1f s after its end"
-              % (spec["name"], epoch(meta["start"]) - start, end - epoch(meta["end"])))
+        print(
+            "run %s: annotated %.1f s before its start, %.1f s after its end"
+            % (spec["name"], epoch(meta["start"]) - start, end - epoch(meta["end"]))
+        )
         assert start <= epoch(meta["start"]) + 1 < end, (meta, by_phase)
         assert epoch(meta["end"]) <= end + 1, (meta, by_phase)
+
+
+def test_campaign_goes_on_when_grafana_is_down(grafana, transfers, tmp_path):
+    """Annotations are a convenience: a Grafana that does not answer is reported
+    and the campaign still runs and succeeds."""
+    lab = grafana
+    lab.sh("monitor", "systemctl stop grafana-server")
+    try:
+        run, directory = lab.campaign("mem-35x2M", tmp_path, "campaign_time=5")
+    finally:
+        lab.sh("monitor", "systemctl start grafana-server")
+        wait_until(lambda: lab.grafana("/api/health")["database"] == "ok", 120, "Grafana back up")
+    assert run.rc == 0, "the campaign failed without Grafana:\n%s" % run.tail()
+    assert (directory / "a-to-b.json").is_file()
+    said = [line for line in run.output.splitlines() if "did not take the" in line]
+    assert len(said) == 2, "no warning for the start and end annotations:\n%s" % run.tail(80)
+    print(said[0].strip())

@@ -250,21 +250,7 @@ def test_throughput_drop_fires_and_resolves(provisioned):
     lab = provisioned
     router_if_b = lab.router_interface(lab.env["LAB_IP_ROUTER_B"])
     tbf = "tc qdisc change dev %s root tbf rate %dbit burst 512kb latency 50ms"
-    pidfile = "/run/longhaul-drop-test.pid"
-    sender = subprocess.Popen(
-        [
-            "docker",
-            "exec",
-            lab.container("xfer-a"),
-            "sh",
-            "-c",
-            "echo $$ >%s; exec /usr/local/bin/longhaul send --to %s:7400 --streams 8 --buffer 2M "
-            "--time 600 --token-file /etc/longhaul/token --json" % (pidfile, lab.address["xfer-b"]),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    sender = lab.start_long_transfer(600)
     try:
         wait_until(
             lambda: lab.promql('longhaul:session_throughput_bytes:rate1m{instance="xfer-b"} > 0'),
@@ -292,12 +278,7 @@ def test_throughput_drop_fires_and_resolves(provisioned):
         assert sender.poll() is None, "the transfer ended early: %s" % sender.stderr.read()
     finally:
         lab.sh("router", tbf % (router_if_b, lab.bottleneck_bps), check=False)
-        lab.sh(
-            "xfer-a",
-            "[ -s %s ] && kill $(cat %s); rm -f %s" % (pidfile, pidfile, pidfile),
-            check=False,
-        )
-        sender.wait(timeout=60)
+        lab.stop_long_transfer(sender)
 
 
 def test_exporter_down_fires_and_resolves(provisioned):
