@@ -30,6 +30,9 @@ CAMPAIGN = "disk-2-controllers"
 # The live memory transfer the panels are queried during; it must outlast the queries.
 LIVE_SECONDS = 600
 LIVE_STREAMS = 8
+# Seconds of an idle path the module leaves behind (test_lab.py's router check
+# integrates 15 s before its run, over several 5 s SNMP polls).
+QUIET_AFTER_S = 25
 MAX_DATA_POINTS = 1000
 # The lab scrapes and polls every 5 s: Grafana's smallest useful interval there.
 MIN_INTERVAL_MS = 5000
@@ -73,6 +76,17 @@ def transfers(grafana, tmp_path_factory):
         yield started, run, directory, sender
     finally:
         lab.stop_long_transfer(sender)
+        # The next module's router checks integrate the seconds before their own runs:
+        # leave the path idle for longer than that, once the last stream has closed.
+        wait_until(
+            lambda: lab.sh(
+                "xfer-b", "ss -Htn state established '( sport = :7400 )' | wc -l"
+            ).stdout.strip()
+            == "0",
+            60,
+            "the live transfer's connections to close",
+        )
+        time.sleep(QUIET_AFTER_S)
 
 
 # --- Grafana's query path, as its frontend drives it --------------------------------------
