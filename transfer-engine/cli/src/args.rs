@@ -125,6 +125,11 @@ pub struct RunArgs {
     /// Fail (exit 1) when a stream moved no bytes (always warned about)
     #[arg(long)]
     pub strict: bool,
+    /// Connect and attach now, start moving data at instant T (RFC 3339,
+    /// e.g. 2026-11-24T01:00:00Z, or Unix seconds): a campaign hands one T
+    /// to every sender of a phase
+    #[arg(long, value_name = "T", value_parser = start_instant)]
+    pub start_at: Option<std::time::SystemTime>,
 }
 
 /// Disk mode's flags, shared by `send` (push) and `get` (pull).
@@ -313,6 +318,22 @@ fn message_length(text: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// `--start-at`: RFC 3339 with an offset, or Unix seconds.
+fn start_instant(text: &str) -> Result<std::time::SystemTime, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(secs));
+        }
+        return Err("Unix seconds must be a positive number".into());
+    }
+    let t: jiff::Timestamp = text
+        .parse()
+        .map_err(|e| format!("not RFC 3339 (e.g. 2026-11-24T01:00:00Z) or Unix seconds: {e}"))?;
+    let nanos = u64::try_from(t.as_nanosecond()).map_err(|_| "before 1970".to_string())?;
+    Ok(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos))
+}
+
 /// Reads the token now, so a bad file is a usage error up front.
 fn token(path: &str) -> Result<Token, String> {
     Token::from_file(path.as_ref()).map_err(|e| e.to_string())
@@ -392,6 +413,7 @@ impl RunArgs {
         o.rate_bps = self.rate;
         o.strict = self.strict;
         o.token = self.token_file.clone();
+        o.start_at = self.start_at;
         Ok(())
     }
 }
@@ -663,6 +685,20 @@ mod tests {
         assert!(disk.checksum && disk.resume && !disk.follow_symlinks);
         let e = parse(&["get", "--from", "h:1", "--follow-symlinks", "x"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn start_at_takes_rfc3339_or_unix_seconds() {
+        let at = |t: &str| send(&["--to", "h:1", "--start-at", t]).map(|o| o.start_at);
+        let want = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_500);
+        assert_eq!(at("1795000000.5").unwrap(), Some(want));
+        assert_eq!(at("2026-11-18T11:06:40.5Z").unwrap(), Some(want));
+        assert_eq!(at("2026-11-18T12:06:40.5+01:00").unwrap(), Some(want));
+        for bad in ["tomorrow", "2026-11-18 08:26", "1e400"] {
+            let e = at(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            assert!(e.to_string().contains("--start-at"), "{bad}: {e}");
+        }
     }
 
     #[test]
