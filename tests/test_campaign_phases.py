@@ -82,6 +82,17 @@ def test_pull_and_bidir_runs_count_in_the_direction_the_bytes_went():
     assert set(s["links"]) == {"A--B"}
 
 
+def test_the_sending_hosts_link_variable_names_the_link():
+    hosts = {"a1": {"site": "A", "link": "wan-1"}, "b1": {"site": "B", "link": ""}}
+    done = [
+        {"run": {"name": "r", "sender": "a1", "receiver": "b1"},
+         "result": result("bidir", 0.0, 1.0, sent=1, received=2)},
+    ]
+    s = phases.campaign_phase_summary("r", done, hosts, {"A--B": "mapped"})
+    assert s["directions"]["A->B"]["link"] == "wan-1"
+    assert s["directions"]["B->A"]["link"] == "mapped"
+
+
 def test_hosts_without_a_site_are_their_own_site():
     done = [{"run": {"name": "r", "sender": "x", "receiver": "y"}, "result": result("send", 5.0, 2.0, sent=10)}]
     s = phases.campaign_phase_summary("r", done, {})

@@ -7,9 +7,10 @@ Phases run in the order their first run appears in the campaign file.
 
 Directions and links come from the inventory: a transfer host's `site`
 variable (default: the host's own name) places it; the direction of a
-transfer is "<from site>-><to site>" and its link the two sites in name
-order joined by "--", unless the inventory's `campaign_links` maps that
-pair ("siteA--siteB") to a name of its own (the router interface's, say).
+transfer is "<from site>-><to site>" and its link the sending host's `link`
+variable (the same one Prometheus labels its metrics with), else what the
+inventory's `campaign_links` maps the pair ("siteA--siteB") to, else the
+two sites in name order joined by "--".
 """
 
 
@@ -30,9 +31,9 @@ def _site(hosts, host):
     return (hosts.get(host) or {}).get("site") or host
 
 
-def _link(a, b, links):
+def _link(hosts, sender, a, b, links):
     pair = "--".join(sorted([a, b]))
-    return (links or {}).get(pair, pair)
+    return (hosts.get(sender) or {}).get("link") or (links or {}).get(pair, pair)
 
 
 def _flows(run, result):
@@ -79,7 +80,7 @@ def campaign_phase_summary(phase, results, hosts, links=None, start_at=None):
         for src, dst, moved in _flows(run, result):
             a, b = _site(hosts, src), _site(hosts, dst)
             key = "%s->%s" % (a, b)
-            d = directions.setdefault(key, {"from": a, "to": b, "link": _link(a, b, links),
+            d = directions.setdefault(key, {"from": a, "to": b, "link": _link(hosts, src, a, b, links),
                                             "bytes": 0, "runs": []})
             d["bytes"] += moved
             if run["name"] not in d["runs"]:
