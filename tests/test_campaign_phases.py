@@ -78,6 +78,7 @@ def test_pull_and_bidir_runs_count_in_the_direction_the_bytes_went():
     assert s["directions"]["A->B"]["bytes"] == 100
     assert s["directions"]["B->A"]["bytes"] == 600
     assert s["directions"]["B->A"]["runs"] == ["pull", "both"]
+    assert s["directions"]["B->A"]["run_bytes"] == {"pull": 400, "both": 200}
     # Without campaign_links the link is the site pair in name order.
     assert set(s["links"]) == {"A--B"}
 

@@ -81,10 +81,13 @@ def campaign_phase_summary(phase, results, hosts, links=None, start_at=None):
             a, b = _site(hosts, src), _site(hosts, dst)
             key = "%s->%s" % (a, b)
             d = directions.setdefault(key, {"from": a, "to": b, "link": _link(hosts, src, a, b, links),
-                                            "bytes": 0, "runs": []})
+                                            "bytes": 0, "runs": [], "run_bytes": {}})
             d["bytes"] += moved
             if run["name"] not in d["runs"]:
                 d["runs"].append(run["name"])
+            # What each run moved this way (`longhaul report` splits a bidir
+            # run's interval lines by it).
+            d["run_bytes"][run["name"]] = d["run_bytes"].get(run["name"], 0) + moved
     window = (max(ends) - min(starts)) if starts else 0.0
     for d in directions.values():
         d["throughput_bps"] = round(d["bytes"] * 8 / window) if window > 0 else 0
