@@ -231,20 +231,50 @@ fn walk_names(p: &Path) -> Vec<String> {
     out
 }
 
-#[test]
-fn resume_after_receiver_kill_sends_less() {
-    let t = Scratch::new("resume");
-    let top = t.0.join("src/data");
-    fs::create_dir_all(&top).unwrap();
+/// Three files of ~24 MiB under `top` (contents seeded by `seed`) for the
+/// resume tests; returns their total size.
+fn resume_sources(top: &Path, seed: u32) -> u64 {
+    fs::create_dir_all(top).unwrap();
     let sizes = [24 * MIB + 3, 24 * MIB, 24 * MIB + MIB / 2];
     for (i, s) in sizes.iter().enumerate() {
         fs::write(
             top.join(format!("f{i}.bin")),
-            pattern(*s as usize, i as u32 + 10),
+            pattern(*s as usize, i as u32 + seed),
         )
         .unwrap();
     }
-    let total: u64 = sizes.iter().sum();
+    sizes.iter().sum()
+}
+
+/// Kills `server` as soon as the receiver saved progress under `written`
+/// (a resume sidecar), and checks that the transfer `first` then fails.
+fn kill_once_progress_is_saved(server: &mut Server, first: Running, written: &Path) {
+    let end = Instant::now() + Duration::from_secs(20);
+    let has_sidecar = || {
+        written.exists()
+            && walk_names(written)
+                .iter()
+                .any(|n| n.ends_with(".longhaul-state"))
+    };
+    while !has_sidecar() {
+        assert!(Instant::now() < end, "no progress was saved");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.kill();
+    let first = first.wait(RUN_TIMEOUT);
+    assert_eq!(
+        first.code,
+        Some(1),
+        "the first run must fail: {}",
+        first.stderr
+    );
+}
+
+#[test]
+fn resume_after_receiver_kill_sends_less() {
+    let t = Scratch::new("resume");
+    let top = t.0.join("src/data");
+    let total = resume_sources(&top, 10);
     let root = t.0.join("root");
     fs::create_dir_all(&root).unwrap();
     let mut server = Server::with_root(&root);
@@ -259,24 +289,7 @@ fn resume_after_receiver_kill_sends_less() {
         "--json",
         top.to_str().unwrap(),
     ]);
-    let end = Instant::now() + Duration::from_secs(20);
-    let has_sidecar = |root: &Path| {
-        walk_names(root)
-            .iter()
-            .any(|n| n.ends_with(".longhaul-state"))
-    };
-    while !has_sidecar(&root) {
-        assert!(Instant::now() < end, "no progress was saved");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    server.kill();
-    let first = first.wait(RUN_TIMEOUT);
-    assert_eq!(
-        first.code,
-        Some(1),
-        "the first run must fail: {}",
-        first.stderr
-    );
+    kill_once_progress_is_saved(&mut server, first, &root);
     // Restart the receiver on the same root and run the same command again.
     let server = Server::with_root(&root);
     let second = send(&[
@@ -814,16 +827,7 @@ fn pull_resumes_after_the_server_is_killed() {
     let t = Scratch::new("pullresume");
     let root = t.0.join("root");
     let top = root.join("data");
-    fs::create_dir_all(&top).unwrap();
-    let sizes = [24 * MIB + 3, 24 * MIB, 24 * MIB + MIB / 2];
-    for (i, s) in sizes.iter().enumerate() {
-        fs::write(
-            top.join(format!("f{i}.bin")),
-            pattern(*s as usize, i as u32 + 30),
-        )
-        .unwrap();
-    }
-    let total: u64 = sizes.iter().sum();
+    let total = resume_sources(&top, 30);
     let local = t.0.join("local");
     let mut server = Server::with_root(&root);
     // 400 Mb/s: the 72 MiB take ~1.5 s, so the kill lands mid-transfer.
@@ -840,25 +844,7 @@ fn pull_resumes_after_the_server_is_killed() {
         "--dest",
         local.to_str().unwrap(),
     ]);
-    let end = Instant::now() + Duration::from_secs(20);
-    let has_sidecar = |dir: &Path| {
-        dir.exists()
-            && walk_names(dir)
-                .iter()
-                .any(|n| n.ends_with(".longhaul-state"))
-    };
-    while !has_sidecar(&local) {
-        assert!(Instant::now() < end, "no progress was saved");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    server.kill();
-    let first = first.wait(RUN_TIMEOUT);
-    assert_eq!(
-        first.code,
-        Some(1),
-        "the first run must fail: {}",
-        first.stderr
-    );
+    kill_once_progress_is_saved(&mut server, first, &local);
     let server = Server::with_root(&root);
     let second = get(&[
         "--from",
