@@ -34,6 +34,13 @@ const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 /// sender that starts later than this is out of step with the others.
 pub const START_AT_SLACK: Duration = Duration::from_secs(1);
 
+/// With `--start-at`, how long before the instant the client connects and
+/// attaches. The server gives a session [`crate::limits::ATTACH_TIMEOUT`]
+/// (30 s) from its request to its Start, so a client must not wait for a
+/// far instant while attached; 10 s covers the handshake and attaching 1,024
+/// streams over a long path.
+pub const START_AT_CONNECT_AHEAD: Duration = Duration::from_secs(10);
+
 /// Idle streams named in the warning; the rest are counted.
 const IDLE_STREAMS_SHOWN: usize = 10;
 
@@ -54,7 +61,7 @@ pub struct SendOptions {
     /// `--strict`: a stream that moved no bytes fails the run.
     pub strict: bool,
     pub token: Option<Token>,
-    /// `--start-at`: connect and attach at once, start the data phase at
+    /// `--start-at`: connect and attach shortly before, start the data phase at
     /// this instant (a campaign phase hands one to all its senders).
     pub start_at: Option<SystemTime>,
     /// The mode and what it moves.
@@ -278,6 +285,14 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     }
     let plane = planes::client_plane(&req, &opts.payload)?;
     req.mode_params = plane.mode_params();
+    // The plane is ready (a disk tree walked and hashed); connect shortly
+    // before the instant.
+    if let Some(at) = opts.start_at {
+        let connect_at = at.checked_sub(START_AT_CONNECT_AHEAD).unwrap_or(at);
+        if let Ok(wait) = connect_at.duration_since(SystemTime::now()) {
+            std::thread::sleep(wait);
+        }
+    }
     let addr = connection::resolve(&opts.to)?;
     let mut conn = Connection::new(connection::connect(addr)?)?;
     let accepted = handshake(&mut conn, &req, opts.token.as_ref(), plane.as_ref())?;

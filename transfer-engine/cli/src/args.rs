@@ -125,7 +125,7 @@ pub struct RunArgs {
     /// Fail (exit 1) when a stream moved no bytes (always warned about)
     #[arg(long)]
     pub strict: bool,
-    /// Connect and attach now, start moving data at instant T (RFC 3339,
+    /// Connect and attach shortly before, start moving data at instant T (RFC 3339,
     /// e.g. 2026-11-24T01:00:00Z, or Unix seconds): a campaign hands one T
     /// to every sender of a phase
     #[arg(long, value_name = "T", value_parser = start_instant)]
