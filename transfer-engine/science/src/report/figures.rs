@@ -60,7 +60,7 @@ pub fn duration_note(run: &Run) -> Option<String> {
     let took = field(&run.result, "seconds");
     let extra = took - asked;
     if extra.abs() < 0.5 {
-        return Some(format!("asked for {asked:.0} s and took {took:.1} s"));
+        return Some(format!("asked for {asked} s and took {took:.1} s"));
     }
     let after: f64 = throughput_steps(run)
         .unwrap_or_default()
@@ -68,7 +68,7 @@ pub fn duration_note(run: &Run) -> Option<String> {
         .map(|&(a, b, bps)| bps / 8.0 * (b - a.max(asked)).max(0.0))
         .sum();
     let mut note = format!(
-        "asked for {asked:.0} s and took {took:.1} s: the sender stops writing after {asked:.0} s, \
+        "asked for {asked} s and took {took:.1} s: the sender stops writing after {asked} s, \
          then waits until the receiver has read every byte"
     );
     if after > 0.0 {

@@ -106,7 +106,7 @@ pub fn runs_table(runs: &[Run]) -> String {
             field(v, "seconds"),
             v["requested_seconds"]
                 .as_f64()
-                .map(|s| format!(" ({s:.0})"))
+                .map(|s| format!(" ({s})"))
                 .unwrap_or_default(),
             format_bps(field(v, "throughput_bps")),
             cpu("sender"),
