@@ -76,6 +76,17 @@ def test_site_yml_provisions_the_fresh_lab(lab):
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values())
 
 
+def test_site_yml_prints_no_warning(lab):
+    """Warnings are errors: neither site.yml run prints an Ansible [WARNING]
+    (the tuning role used to warn about the modules directory containers
+    lack)."""
+    if lab.reused:
+        pytest.skip("LONGHAUL_LAB_REUSE=1: site.yml was not run")
+    for n, run in enumerate(lab.provision, 1):
+        warnings = [l for l in run.output.splitlines() if l.startswith("[WARNING]")]
+        assert not warnings, "site.yml run %d warned:\n%s" % (n, "\n".join(warnings))
+
+
 def test_second_site_yml_run_changes_nothing(lab):
     if lab.reused:
         pytest.skip("LONGHAUL_LAB_REUSE=1: site.yml was not run")

@@ -18,25 +18,42 @@ use super::page::{esc, run_label, short, Figure};
 /// per-stream figure: beyond a dozen the figures stop being readable.
 pub const MAX_RUNS_DRAWN: usize = 12;
 
-/// One run's throughput over time as steps `(start, end, bits/s)`: its
-/// `--interval` lines, the last one stretched to the run's measured
-/// duration with the bytes the lines did not cover (the final interval ends
-/// when the last stream does, between two ticks); `None` without lines.
+/// One run's throughput over time as steps `(start, end, bits/s)` from its
+/// `--interval` lines, ending at the run's measured duration: the last
+/// line before it is stretched or cut to end there and carries the bytes
+/// the lines did not count (the run ends between two ticks), and lines
+/// after it (ticks while the ends exchange their totals) are left out, so
+/// no tail toward zero is drawn. `None` without lines.
 pub fn throughput_steps(run: &Run) -> Option<Vec<(f64, f64, f64)>> {
     if run.intervals.is_empty() {
         return None;
     }
     let seconds = field(&run.result, "seconds");
-    let covered: f64 = run.intervals.iter().map(|i| field(i, "bytes")).sum();
-    let rest = (field(&run.result, "bytes") - covered).max(0.0);
-    let mut steps: Vec<(f64, f64, f64)> = run
+    let all = run
         .intervals
         .iter()
-        .map(|i| (field(i, "start"), field(i, "end"), field(i, "bytes")))
-        .collect();
-    if let Some(tail) = steps.last_mut() {
-        tail.1 = tail.1.max(seconds);
-        tail.2 += rest;
+        .map(|i| (field(i, "start"), field(i, "end"), field(i, "bytes")));
+    let mut steps: Vec<(f64, f64, f64)> = if seconds > 0.0 {
+        all.filter(|s| s.0 < seconds).collect()
+    } else {
+        all.collect()
+    };
+    let counted: f64 = steps.iter().map(|s| s.2).sum();
+    let rest = (field(&run.result, "bytes") - counted).max(0.0);
+    if let Some(last) = steps.last_mut() {
+        if seconds > 0.0 {
+            last.1 = seconds;
+        }
+        last.2 += rest;
+    }
+    // A sliver of an interval at the end (the run ended just after a tick)
+    // joins the one before: over a few ms, acknowledgements come in bursts.
+    if let [.., prev, last] = steps.as_slice() {
+        if last.1 - last.0 < 0.5 * (prev.1 - prev.0) {
+            let merged = (prev.0, last.1, prev.2 + last.2);
+            steps.truncate(steps.len() - 2);
+            steps.push(merged);
+        }
     }
     Some(
         steps
@@ -691,4 +708,71 @@ pub fn fig_prometheus(
         });
     }
     figs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(result: Value, intervals: &[(f64, f64, u64)]) -> Run {
+        Run {
+            name: "r".into(),
+            result,
+            intervals: intervals
+                .iter()
+                .map(|&(s, e, b)| json!({"type": "interval", "counts": "delivered", "start": s, "end": e, "bytes": b}))
+                .collect(),
+            meta: None,
+        }
+    }
+
+    #[test]
+    fn steps_end_at_the_measured_duration_without_a_tail() {
+        // Ticks every second; the run ends at 3.05 s; a tick at 4 s came
+        // while the ends exchanged totals; 50 bytes arrived after the last
+        // counted tick.
+        let r = run(
+            json!({"seconds": 3.05, "bytes": 350}),
+            &[
+                (0.0, 1.0, 100),
+                (1.0, 2.0, 100),
+                (2.0, 3.0, 100),
+                (3.0, 4.0, 0),
+            ],
+        );
+        let steps = throughput_steps(&r).unwrap();
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        assert_eq!(steps[2].0, 2.0);
+        assert_eq!(steps[2].1, 3.05);
+        // The sliver [3.0, 3.05] joined [2.0, 3.0] with the 50 uncounted bytes.
+        assert!((steps[2].2 - 150.0 * 8.0 / 1.05).abs() < 1e-6, "{steps:?}");
+        let total: f64 = steps.iter().map(|s| s.2 / 8.0 * (s.1 - s.0)).sum();
+        assert!((total - 350.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_longer_run_explains_the_difference() {
+        let r = run(
+            json!({"seconds": 4.0, "bytes": 400, "requested_seconds": 2.0}),
+            &[
+                (0.0, 1.0, 100),
+                (1.0, 2.0, 100),
+                (2.0, 3.0, 100),
+                (3.0, 4.0, 100),
+            ],
+        );
+        let note = duration_note(&r).unwrap();
+        assert!(note.starts_with("asked for 2 s and took 4.0 s"), "{note}");
+        assert!(note.contains("200 B written before then"), "{note}");
+        let on_time = run(
+            json!({"seconds": 2.1, "bytes": 1, "requested_seconds": 2.0}),
+            &[],
+        );
+        assert_eq!(
+            duration_note(&on_time).unwrap(),
+            "asked for 2 s and took 2.1 s"
+        );
+        assert!(duration_note(&run(json!({"seconds": 2.0}), &[])).is_none());
+    }
 }
