@@ -4,9 +4,9 @@ STAGE_HEARTBEAT seconds (default 20, under the 30 s a user waits before
 wondering whether it hangs); pytest stages print each test's start, outcome
 and duration (tests/conftest.py)."""
 
+import os
 import re
 import subprocess
-import time
 
 from helpers import REPO
 
@@ -14,25 +14,19 @@ STAGE = REPO / "scripts" / "stage"
 SILENCE_BOUND_S = 30
 
 
-def stage(*command, beat=None, timeout=60):
-    env = None
+def stage(*command, beat=None):
+    """scripts/stage demo-step COMMAND... with STAGE_HEARTBEAT=beat (default: unset)."""
+    env = dict(os.environ)
+    env.pop("STAGE_HEARTBEAT", None)
     if beat is not None:
-        import os
-
-        env = dict(os.environ, STAGE_HEARTBEAT=str(beat))
-    t0 = time.monotonic()
-    out = subprocess.run(
-        [str(STAGE), "demo-step", *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
+        env["STAGE_HEARTBEAT"] = str(beat)
+    return subprocess.run(
+        [str(STAGE), "demo-step", *command], capture_output=True, text=True, timeout=60, env=env
     )
-    return out, time.monotonic() - t0
 
 
 def test_default_heartbeat_is_under_the_silence_bound():
-    out, _ = stage("true")
+    out = stage("true")
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
     assert first.startswith("== stage demo-step: start"), out.stdout
@@ -41,7 +35,7 @@ def test_default_heartbeat_is_under_the_silence_bound():
 
 
 def test_a_silent_command_gets_heartbeats_and_its_exit_status():
-    out, took = stage("bash", "-c", "sleep 5.5; echo done-now; exit 7", beat=2)
+    out = stage("bash", "-c", "sleep 5.5; echo done-now; exit 7", beat=2)
     lines = out.stdout.splitlines()
     beats = [i for i, l in enumerate(lines) if "still running" in l]
     # 5.5 s of silence at one line per 2 s: two lines before the output.
@@ -54,16 +48,16 @@ def test_a_silent_command_gets_heartbeats_and_its_exit_status():
 
 def test_a_talking_command_gets_no_heartbeat_and_partial_lines_count():
     # A dot every 0.5 s without a newline (pytest -q's way) is output too.
-    out, _ = stage("bash", "-c", "for i in $(seq 8); do printf .; sleep 0.5; done; echo", beat=2)
+    out = stage("bash", "-c", "for i in $(seq 8); do printf .; sleep 0.5; done; echo", beat=2)
     assert "still running" not in out.stdout, out.stdout
     assert "........" in out.stdout
     assert out.stdout.splitlines()[-1].startswith("== stage demo-step: ok in ")
 
 
 def test_stderr_is_shown_and_a_bad_heartbeat_is_refused():
-    out, _ = stage("bash", "-c", "echo oops >&2", beat=2)
+    out = stage("bash", "-c", "echo oops >&2", beat=2)
     assert "oops" in out.stdout and out.returncode == 0
-    out, _ = stage("true", beat="soon")
+    out = stage("true", beat="soon")
     assert out.returncode == 2 and "STAGE_HEARTBEAT" in out.stderr
 
 
