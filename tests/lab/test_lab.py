@@ -10,8 +10,11 @@ through the lab's Grafana in test_grafana.py.
 """
 
 import json
+import os
+import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from labkit import REPO, epoch, wait_until
@@ -71,6 +74,17 @@ def test_site_yml_provisions_the_fresh_lab(lab):
     assert first.rc == 0, "site.yml failed on the fresh lab:\n%s" % first.tail()
     assert set(first.recap) >= {"xfer-a", "xfer-b", "router", "monitor"}, first.recap
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values())
+
+
+def test_site_yml_prints_no_warning(lab):
+    """Warnings are errors: neither site.yml run prints an Ansible [WARNING]
+    (the tuning role used to warn about the modules directory containers
+    lack)."""
+    if lab.reused:
+        pytest.skip("LONGHAUL_LAB_REUSE=1: site.yml was not run")
+    for n, run in enumerate(lab.provision, 1):
+        warnings = [l for l in run.output.splitlines() if l.startswith("[WARNING]")]
+        assert not warnings, "site.yml run %d warned:\n%s" % (n, "\n".join(warnings))
 
 
 def test_second_site_yml_run_changes_nothing(lab):
@@ -236,6 +250,95 @@ def test_cpu_panel_shows_softirq(provisioned, memory_run):
     series = lab.prom_range(expr, memory_run.start, memory_run.end)
     assert series, expr
     assert max(float(v) for s in series for _, v in s["values"]) > 0, series
+
+
+def test_report_throughput_over_time_stays_within_the_bottleneck(provisioned, memory_run, tmp_path):
+    """`longhaul report` of the campaign: its throughput over time counts
+    delivered bytes, so no interval exceeds the router's bottleneck by more
+    than 10 % (written bytes did, 4.8x, while socket buffers filled), the
+    steps cover the run's whole measured duration without a tail toward
+    zero, the page explains why the run took longer than it asked for, and
+    the CPU figure says both ends share one machine (the lab's containers)."""
+    report = memory_run.report
+    cap = provisioned.bottleneck_bps
+    out = tmp_path / "report.html"
+    dist = Path(os.environ.get("LONGHAUL_DIST", REPO / "dist"))
+    subprocess.run(
+        [str(dist / "longhaul"), "report", str(memory_run.directory), "--out", str(out)],
+        check=True,
+        timeout=60,
+    )
+    html = out.read_text()
+    table = re.search(r'<table id="fig-throughput-time-data">(.*?)</table>', html, re.S)
+    assert table, "no numbers of the throughput-over-time figure in the report"
+    steps = [
+        (float(a), float(b), float(bps))
+        for a, b, bps in re.findall(
+            r"<tr><td>[^<]*</td><td>([\d.]+)</td><td>([\d.]+)</td><td>(\d+)</td></tr>",
+            table.group(1),
+        )
+    ]
+    print(
+        "report steps (s, Mb/s): %s"
+        % ", ".join("%.1f-%.1f %.0f" % (a, b, bps / 1e6) for a, b, bps in steps)
+    )
+    assert len(steps) >= MEMORY_SECONDS * 0.8, steps
+    over = [s for s in steps if s[2] > cap * (1 + TOLERANCE)]
+    assert not over, "above the %s bottleneck: %s" % (provisioned.bottleneck_rate, over)
+    # The steps join up from 0 to the run's measured duration.
+    assert steps[0][0] == 0.0
+    assert all(abs(b[0] - a[1]) < 0.002 for a, b in zip(steps, steps[1:])), steps
+    assert abs(steps[-1][1] - report["seconds"]) < 0.01, (steps[-1], report["seconds"])
+    # Every delivered byte is drawn, once.
+    drawn = sum(bps / 8 * (b - a) for a, b, bps in steps)
+    assert abs(drawn - report["bytes"]) <= 0.001 * report["bytes"], (drawn, report["bytes"])
+    # No artificial tail: data reaches the receiver at the path's rate after
+    # the sender stopped writing too, while socket buffers and the router's
+    # queue drain (written bytes fell to zero there). Only the last few
+    # percent of the bytes, when the last streams finish one by one (a few
+    # seconds in the lab), may come slower; slow start may hold the first
+    # seconds lower.
+    end = report["seconds"]
+    delivered, middle = 0.0, []
+    for a, b, bps in steps:
+        delivered += bps / 8 * (b - a)
+        if delivered > 0.95 * report["bytes"]:
+            break
+        middle.append((a, b, bps))
+    slow = [s for s in middle[2:] if s[2] < cap * 0.5]
+    assert not slow, "intervals under half the bottleneck: %s" % slow
+    drain = [(max(a, MEMORY_SECONDS), b, bps) for a, b, bps in steps if b > MEMORY_SECONDS]
+    if end - MEMORY_SECONDS >= 2.0:
+        drained = sum(bps * (b - a) for a, b, bps in drain) / (end - MEMORY_SECONDS)
+        assert drained > cap * 0.5, "after the sender stopped: %.0f Mb/s" % (drained / 1e6)
+    # Requested against measured duration, the difference explained.
+    assert report["requested_seconds"] == MEMORY_SECONDS
+    asked = "asked for %d s and took %.1f s" % (MEMORY_SECONDS, report["seconds"])
+    assert asked in html, asked
+    if report["seconds"] - MEMORY_SECONDS >= 0.5:
+        assert "the sender stops writing after %d s" % MEMORY_SECONDS in html
+    assert "(%d)</td>" % MEMORY_SECONDS in html, "the runs table shows the asked duration"
+    cpu = report["cpu"]
+    assert cpu["sender"]["kernel_boot_id"] == cpu["receiver"]["kernel_boot_id"] != 0, cpu
+    assert "#1: both ends ran on one machine" in html
+
+
+def test_demo_links_answer(provisioned, memory_run):
+    """The demo's summary links (scripts/demo-links) each answer 200 on the
+    lab it provisioned: Prometheus 2.42's pages are under /classic/."""
+    out = subprocess.run(
+        [str(REPO / "scripts" / "demo-links"), "mem-35x2M"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    links = re.findall(r"http://[^\s,)]+", out.stdout)
+    assert len(links) >= 8, out.stdout
+    assert "DOES NOT ANSWER" not in out.stdout
+    for path in ("/classic/alerts", "/classic/targets"):
+        assert "http://%s:9090%s" % (provisioned.monitor, path) in links
 
 
 # --- a disk campaign ---------------------------------------------------------------

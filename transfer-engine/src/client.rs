@@ -346,7 +346,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     );
     plane.check(local, remote)?;
     check_idle_streams(&req, plane.as_ref(), &outcome, opts.strict)?;
-    Ok(FinalReport::from_outcome(
+    let mut report = FinalReport::from_outcome(
         req.mode,
         req.direction,
         &outcome,
@@ -354,5 +354,9 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
         to_hex(&accepted.session_id),
         addr.to_string(),
         started,
-    ))
+    );
+    if let Some(Amount::Seconds(s)) = opts.payload.amount() {
+        report.requested_seconds = Some(s);
+    }
+    Ok(report)
 }

@@ -114,6 +114,23 @@ fn time_mode_prints_json_intervals_then_the_result() {
         .all(|l| l["type"] == "interval"));
     let last = lines.last().unwrap();
     check_final(last, 2);
+    // Intervals count delivered bytes (acknowledged by the receiver), never
+    // more than the receiver got; the asked duration is in the result, and
+    // both ends of a loopback run share one kernel.
+    let intervals = &lines[..lines.len() - 1];
+    assert!(intervals.iter().all(|l| l["counts"] == "delivered"));
+    let delivered: u64 = intervals.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
+    assert!(
+        delivered <= last["bytes"].as_u64().unwrap(),
+        "{delivered} > {last}"
+    );
+    assert!(delivered > 0);
+    assert_eq!(last["requested_seconds"].as_f64(), Some(1.2));
+    let boot = |end: &str| last["cpu"][end]["kernel_boot_id"].as_u64().unwrap();
+    assert!(
+        boot("sender") != 0 && boot("sender") == boot("receiver"),
+        "{last}"
+    );
     // --rate 200M: the in-process pacer holds the total near 200 Mb/s.
     let bps = last["throughput_bps"].as_f64().unwrap();
     assert!(bps > 120e6 && bps < 260e6, "paced throughput {bps}");

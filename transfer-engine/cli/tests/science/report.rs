@@ -96,6 +96,8 @@ fn report_has_every_figure_with_sane_sizes() {
         "0.5",
         "--json",
     ]);
+    let with_intervals_json: serde_json::Value =
+        serde_json::from_str(with_intervals.lines().last().unwrap()).unwrap();
     std::fs::write(campaign.join("a-to-b.json"), with_intervals).unwrap();
     std::fs::write(
         campaign.join("a-to-b.run.json"),
@@ -224,6 +226,22 @@ fn report_has_every_figure_with_sane_sizes() {
     );
     assert!(figure(&html, "fig-heatmap-1").contains("64K"));
     assert!(figure(&html, "fig-throughput-time").contains("b/s"));
+    // Delivered bytes, steps to the measured end, the asked duration
+    // explained, and one machine's CPU said to be one machine's.
+    let caption = &html[html.find("<figure id=\"fig-throughput-time\">").unwrap()..];
+    let caption = &caption[..caption.find("</figure>").unwrap()];
+    assert!(caption.contains("Delivered throughput"), "{caption}");
+    assert!(caption.contains("#2 asked for 1.5 s and took"), "{caption}");
+    assert!(caption.contains("<table id=\"fig-throughput-time-data\">"));
+    let measured = with_intervals_json["seconds"].as_f64().unwrap();
+    assert!(
+        caption.contains(&format!("<td>{measured:.3}</td><td>")),
+        "the last step ends at the run's {measured} s: {caption}"
+    );
+    assert!(
+        html.contains("#1, #2, #3: both ends ran on one machine"),
+        "CPU caption"
+    );
     // The run table names the campaign run; the bad file is listed.
     assert!(html.contains("mem-3x/20261121T080000Z/a-to-b"));
     assert!(
