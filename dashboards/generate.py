@@ -506,8 +506,8 @@ def transfer_overview():
         ),
         timeseries(
             "TCP throughput on the transfer ports",
-            "Bytes acknowledged (send) and received per second by every TCP socket on the "
-            "exporter's configured ports, whatever tool owns it (longhaul, FDT, iperf3).",
+            "Bytes acknowledged (send) and received per second by the TCP sockets of other tools "
+            "(FDT, iperf3) on the exporter's configured ports; longhaul's own are in the panels above.",
             "bps",
             [
                 prom_target(

@@ -30,6 +30,8 @@ pub fn unix_now() -> f64 {
 pub struct SessionEntry {
     pub id: String,
     pub peer: String,
+    /// This end of the control connection.
+    pub local: Option<String>,
     pub started_unix: f64,
     inner: Mutex<EntryState>,
 }
@@ -103,6 +105,8 @@ impl SessionEntry {
                     id: st.id,
                     direction,
                     bytes,
+                    local: st.local.map(|a| a.to_string()),
+                    peer: st.peer.map(|a| a.to_string()),
                     tcp: st.last_tcp(),
                 }
             })
@@ -110,6 +114,7 @@ impl SessionEntry {
         api::Session {
             id: self.id.clone(),
             peer: self.peer.clone(),
+            local: self.local.clone(),
             mode: s.mode,
             direction: s.direction,
             state: s.state,
@@ -147,11 +152,13 @@ impl Registry {
         }
     }
 
-    /// Registers a session in the handshake state.
-    pub fn add(&self, id: String, peer: String) -> Arc<SessionEntry> {
+    /// Registers a session in the handshake state; `peer` and `local` are
+    /// the two ends of its control connection.
+    pub fn add(&self, id: String, peer: String, local: Option<String>) -> Arc<SessionEntry> {
         let entry = Arc::new(SessionEntry {
             id,
             peer,
+            local,
             started_unix: unix_now(),
             inner: Mutex::new(EntryState {
                 mode: api::Mode::Memory,

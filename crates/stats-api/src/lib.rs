@@ -73,6 +73,12 @@ pub struct Session {
     pub id: String,
     /// Remote control-connection address, "IP:PORT".
     pub peer: String,
+    /// This engine's end of the control connection, "IP:PORT" (added in
+    /// v1; absent from older engines). With each stream's `local`/`peer`
+    /// it lists every socket of the session, so the exporter's `tcp`
+    /// collector can leave longhaul's own sockets to the `engine` collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
     pub mode: Mode,
     pub direction: Direction,
     pub state: State,
@@ -93,6 +99,12 @@ pub struct Stream {
     /// `send` or `receive` (a single data connection carries one direction).
     pub direction: Direction,
     pub bytes: u64,
+    /// This engine's end of the stream's socket, "IP:PORT" (added in v1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+    /// The remote end of the stream's socket, "IP:PORT" (added in v1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// Latest TCP_INFO sample of the stream's socket; absent before the
     /// first sample or after the socket closed.
     #[serde(default)]
@@ -144,6 +156,10 @@ mod tests {
         let snap: Snapshot = serde_json::from_str(text).unwrap();
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());
+        assert_eq!(
+            snap.sessions[0].local, None,
+            "an older engine lists no addresses"
+        );
         let again: Snapshot = serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
         assert_eq!(snap, again);
     }
