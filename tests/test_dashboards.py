@@ -5,8 +5,9 @@ reads every dashboard in dashboards/, extracts each panel's queries,
 substitutes the template variables the way Grafana does with "All" selected,
 and runs them against a real Prometheus (PromQL) and InfluxDB (InfluxQL).
 The stack (tests/stack.py) is fed by the real exporters and Telegraf during
-a real `longhaul send` on loopback: a memory-to-memory transfer, then a
-short disk-to-disk one for the engine's per-device panels. The Transfer
+a real `longhaul send` on loopback: a memory-to-memory transfer (with an
+iperf3 transfer beside it, the other tools' TCP flows), then a short
+disk-to-disk one for the engine's per-device panels. The Transfer
 overview's total throughput must agree with the engine's own numbers.
 """
 
@@ -176,6 +177,7 @@ def live(module_processes, tmp_path_factory):
     stack = Stack(module_processes, workdir)
     run = Run()
     longhaul = stack.start_engine(helpers.dist_dir())
+    stack.start_other_tool()
     stack.start_exporter(helpers.dist_dir())
     stack.start_node_exporter()
     stack.start_influxdb()
@@ -193,7 +195,9 @@ def live(module_processes, tmp_path_factory):
         30,
         "Telegraf's SNMP data in InfluxDB",
     )
+    other_tool = stack.run_other_tool(MEMORY_SECONDS)
     run_memory_transfer(stack, longhaul, run)
+    other_tool.wait(timeout=60)
     run_disk_transfer(stack, longhaul, run, workdir)
     # Two more scrapes and SNMP polls, so the last values are stored.
     time.sleep(3)
@@ -373,6 +377,8 @@ def test_router_counters_stale_watches_live_telegraf(live):
     counters = stack.promql('interface_ifHCInOctets{job="telegraf"}')
     assert {series["metric"].get("router") for series in counters} == {ROUTER}
     assert stack.promql('internal_write_errors{job="telegraf", output="influxdb"}')
+    # The router's inputs carry its name as alias (snmp_errors condition).
+    assert stack.promql('internal_gather_errors{job="telegraf", input="snmp", alias="%s"}' % ROUTER)
     groups = yaml.safe_load((RULES / "longhaul-alerts.yml").read_text())["groups"]
     exprs = [
         rule["expr"]
@@ -380,6 +386,6 @@ def test_router_counters_stale_watches_live_telegraf(live):
         for rule in group["rules"]
         if rule.get("alert") == "RouterCountersStale"
     ]
-    assert len(exprs) == 4, exprs
+    assert len(exprs) == 5, exprs
     for expr in exprs:
         assert stack.promql(expr) == [], "RouterCountersStale condition holds: %s" % expr
