@@ -72,6 +72,7 @@ class Stack:
         self.stats_port = None
         self.other_tool_port = None
         self.snmp_port = None
+        self.snmp_host = None
 
     def _dir(self, name):
         path = self.workdir / name
@@ -203,15 +204,17 @@ class Stack:
             lambda: helpers.http_get(self.prometheus_url + "/-/ready"), 30, "Prometheus ready"
         )
 
-    def start_snmpd(self):
-        """snmpd answering IF-MIB for this host's interfaces on a UDP port, to an
-        SNMPv3 authPriv user."""
+    def start_snmpd(self, address=helpers.LOOPBACK):
+        """snmpd answering IF-MIB for this host's interfaces on a UDP port of
+        `address` (an IPv6 one works too), to an SNMPv3 authPriv user."""
         self.snmp_port = helpers.free_udp_port()
+        self.snmp_host = address
+        listen = "udp6:[%s]" % address if ":" in address else "udp:%s" % address
         conf = self._dir("snmpd") / "snmpd.conf"
         conf.write_text(
-            'agentAddress udp:%s:%d\ncreateUser %s SHA "%s" AES "%s"\nrouser -s usm %s priv\n'
+            'agentAddress %s:%d\ncreateUser %s SHA "%s" AES "%s"\nrouser -s usm %s priv\n'
             % (
-                helpers.LOOPBACK,
+                listen,
                 self.snmp_port,
                 SNMP_V3["snmp_v3_user"],
                 SNMP_V3["snmp_v3_auth_password"],
@@ -288,7 +291,7 @@ class Stack:
         and this stack's addresses and 1 s poll as extra variables."""
         out = self._dir("telegraf")
         inventory = out / "inventory.yml"
-        router = dict(SNMP_V3, snmp_host=helpers.LOOPBACK, snmp_port=self.snmp_port)
+        router = dict(SNMP_V3, snmp_host=self.snmp_host, snmp_port=self.snmp_port)
         router["snmp_interfaces"] = SNMP_INTERFACES
         inventory.write_text(
             yaml.safe_dump({"all": {"children": {"routers": {"hosts": {ROUTER: router}}}}})
@@ -300,7 +303,7 @@ class Stack:
             "telegraf_flush_interval": "%ds" % SCRAPE_S,
             "telegraf_snmp_timeout": "2s",
             "telegraf_snmp_retries": 1,
-            "telegraf_influxdb_urls": [self.influx_url],
+            "telegraf_influxdb_urls": [self.influx_url or "http://%s:8086" % helpers.LOOPBACK],
             "telegraf_influxdb_username": "",
             "telegraf_input_cpu": False,
             "telegraf_prometheus_client": prometheus_listen is not None,
