@@ -132,17 +132,29 @@ impl FlowBook {
     /// lowest free slot while the cap allows.
     pub fn update(&mut self, observed: Vec<Observed>, now: Instant) {
         let mut seen: BTreeMap<GroupKey, BTreeMap<FlowKey, TcpInfo>> = BTreeMap::new();
+        let mut remotes: BTreeSet<String> = self
+            .groups
+            .keys()
+            .map(|k| k.remote.clone())
+            .filter(|r| r != OTHER)
+            .collect();
         for o in observed {
-            let group = if self.groups.contains_key(&o.group)
-                || seen.contains_key(&o.group)
-                || self.remotes_with(&seen) < MAX_REMOTES
+            let other = GroupKey {
+                remote: OTHER.into(),
+                ports: o.group.ports.clone(),
+            };
+            // A connection stays in the group it was counted in.
+            let counted_in_other = self
+                .groups
+                .get(&other)
+                .is_some_and(|g| g.flows.contains_key(&o.flow));
+            let group = if !counted_in_other
+                && (remotes.contains(&o.group.remote) || remotes.len() < MAX_REMOTES)
             {
+                remotes.insert(o.group.remote.clone());
                 o.group
             } else {
-                GroupKey {
-                    remote: OTHER.into(),
-                    ports: o.group.ports,
-                }
+                other
             };
             seen.entry(group).or_default().insert(o.flow, o.info);
         }
@@ -205,17 +217,6 @@ impl FlowBook {
             g.idle_since
                 .map_or(true, |since| now.duration_since(since) < IDLE_EVICTION)
         });
-    }
-
-    fn remotes_with(&self, seen: &BTreeMap<GroupKey, BTreeMap<FlowKey, TcpInfo>>) -> usize {
-        let remotes: BTreeSet<&str> = self
-            .groups
-            .keys()
-            .chain(seen.keys())
-            .map(|k| k.remote.as_str())
-            .filter(|r| *r != OTHER)
-            .collect();
-        remotes.len()
     }
 
     /// The collector's families for the current state.
