@@ -615,15 +615,15 @@ def transfer_overview():
             [
                 prom_target(
                     "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_pacing_rate_bytes", SESSION, SENDER),
+                    % sel("longhaul_stream_pacing_rate_bytes_per_second", SESSION, SENDER),
                     "{{session}}/{{stream}}",
                 )
             ],
         ),
         timeseries(
             "TCP throughput on the transfer ports",
-            "Bytes acknowledged (send) and received per second by every TCP socket on the "
-            "exporter's configured ports, whatever tool owns it (longhaul, FDT, iperf3).",
+            "Bytes acknowledged (send) and received per second by the TCP sockets of other tools "
+            "(FDT, iperf3) on the exporter's configured ports; longhaul's own are in the panels above.",
             "bps",
             [
                 prom_target(

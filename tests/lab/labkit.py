@@ -3,6 +3,7 @@ scripts, playbooks, containers, and its Prometheus, Alertmanager and
 InfluxDB APIs (the same query methods as tests/stack.py's Stack, so the
 dashboard checks run against either)."""
 
+import base64
 import json
 import os
 import re
@@ -79,6 +80,7 @@ class Lab:
         self.prometheus_url = "http://%s:9090" % self.monitor
         self.alertmanager_url = "http://%s:9093" % self.monitor
         self.influxdb_url = "http://%s:8086" % self.monitor
+        self.central_url = "http://%s:9090" % env["LAB_IP_CENTRAL"]
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
@@ -86,9 +88,15 @@ class Lab:
             "xfer-b": env["LAB_IP_XFER_B"],
             "router": env["LAB_IP_ROUTER_A"],
             "monitor": env["LAB_IP_MONITOR_A"],
+            "central": env["LAB_IP_CENTRAL"],
         }
         self.provision = []  # PlaybookRun of the first and second site.yml
         self.reused = False  # LONGHAUL_LAB_REUSE=1: a running lab, not a fresh one
+
+    @staticmethod
+    def secret(name):
+        """A secret lab/up generated (lab/.state/NAME), e.g. influxdb-grafana-password."""
+        return (LAB / ".state" / name).read_text().strip()
 
     # --- processes -----------------------------------------------------------
     def container(self, host):
@@ -171,17 +179,23 @@ class Lab:
 
     # --- monitoring APIs (the same shapes as tests/stack.py's Stack) ---------------
     @staticmethod
-    def get_json(url, params=None):
+    def get_json(url, params=None, auth=None):
+        """GET a JSON answer; auth=(user, password) for HTTP basic authentication."""
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
+        request = urllib.request.Request(url)
+        if auth:
+            token = base64.b64encode(("%s:%s" % auth).encode()).decode()
+            request.add_header("Authorization", "Basic " + token)
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
             return json.load(answer)
 
-    def promql(self, expr, at=None):
+    def promql(self, expr, at=None, url=None):
+        """Instant query of the monitor's Prometheus (or the one at `url`)."""
         params = {"query": expr}
         if at is not None:
             params["time"] = "%.3f" % at
-        answer = self.get_json(self.prometheus_url + "/api/v1/query", params)
+        answer = self.get_json((url or self.prometheus_url) + "/api/v1/query", params)
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
@@ -194,7 +208,12 @@ class Lab:
         return answer["data"]["result"]
 
     def influxql(self, query, db="routers"):
-        answer = self.get_json(self.influxdb_url + "/query", {"db": db, "q": query, "epoch": "ms"})
+        """A query as Grafana runs it: InfluxDB's reader user (influxdb_users)."""
+        answer = self.get_json(
+            self.influxdb_url + "/query",
+            {"db": db, "q": query, "epoch": "ms"},
+            auth=("grafana", self.secret("influxdb-grafana-password")),
+        )
         result = answer["results"][0]
         assert "error" not in result, "%s: %s" % (query, result["error"])
         return result.get("series", [])

@@ -25,8 +25,8 @@ pub const DEFAULT_MAX_REQUESTS: usize = 4;
 pub const DEFAULT_ENGINE_TIMEOUT: Duration = Duration::from_secs(2);
 /// DESIGN.md: stream labels capped at 256 per session.
 pub const DEFAULT_MAX_STREAMS: usize = 256;
-/// Same idea for kernel TCP flows on the watched ports.
-pub const DEFAULT_MAX_FLOWS: usize = 1024;
+/// Per-connection series (`flow` slots) of the tcp collector, all peers together.
+pub const DEFAULT_MAX_FLOWS: usize = 64;
 /// storcli can take seconds on a busy controller; it runs in the background.
 pub const DEFAULT_STORCLI_TIMEOUT: Duration = Duration::from_secs(10);
 /// Controller models do not change while the host runs; refresh rarely.
@@ -131,7 +131,7 @@ pub fn help_text() -> String {
         ("--engine.timeout", "connect+read timeout for the stats API (default 2s)".into()),
         ("--collector.engine.max-streams", format!("stream labels per session; the rest are summed into stream=\"other\" (default {DEFAULT_MAX_STREAMS})")),
         ("--collector.tcp.ports", format!("TCP port ranges to report, e.g. 7400-7499,5201 (default {DEFAULT_TCP_PORTS})")),
-        ("--collector.tcp.max-flows", format!("flow labels; the rest are summed into local/remote=\"other\" (default {DEFAULT_MAX_FLOWS})")),
+        ("--collector.tcp.max-flows", format!("per-connection flow slots; the rest are summed into flow=\"other\" (default {DEFAULT_MAX_FLOWS})")),
         ("--collector.raid.storcli-command", "command printing storcli/perccli JSON (e.g. \"storcli64 /call show J\"); off by default".into()),
         ("--collector.raid.storcli-timeout", "kill the storcli command after this long (default 10s)".into()),
         ("--collector.raid.storcli-interval", "rerun the storcli command this often, in the background (default 5m)".into()),

@@ -4,13 +4,15 @@
 //!
 //! Layers: [`cli`] turns flags into a [`cli::Config`]; [`collector`] holds
 //! the registry and runs a scrape; [`collectors`] are the collectors (one
-//! file each) built on [`sock_diag`], [`diskstats`], [`httpclient`] and
-//! [`storcli`]; [`metrics`] encodes a scrape; [`http`] serves it.
+//! file each) built on [`sock_diag`] (with [`flows`] for stable TCP series),
+//! [`diskstats`], [`httpclient`] and [`storcli`]; [`metrics`] encodes a
+//! scrape; [`http`] serves it.
 
 pub mod cli;
 pub mod collector;
 pub mod collectors;
 pub mod diskstats;
+pub mod flows;
 pub mod http;
 pub mod httpclient;
 pub mod metrics;
