@@ -341,7 +341,6 @@ class Stack:
         conf = self.render_telegraf_config(binary, "%s:%d" % (helpers.LOOPBACK, port))
         process = self.processes.start("telegraf", [binary, "--config", conf])
         self.processes.wait_port(process, port)
-            self.processes.check_running(process)
 
     # --- queries ---------------------------------------------------------------
 
