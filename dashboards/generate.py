@@ -531,8 +531,8 @@ def transfer_overview():
         timeseries(
             "Session throughput and drop threshold",
             "Each session's 1m rate, and the rate below which LonghaulThroughputDrop fires (dashed): "
-            "the session's baseline (90th percentile of its 1m rate over 2 h) times the deployed "
-            "throughput_drop_ratio.",
+            "the session's deployed baseline (a quantile of its 1m rate over a window; by default "
+            "the 90th percentile over 2 h) times the deployed throughput_drop_ratio.",
             "bps",
             [
                 prom_target(
@@ -543,7 +543,7 @@ def transfer_overview():
                 prom_target(
                     "8 * %s * on () group_left () %s"
                     % (
-                        recorded("longhaul:session_throughput_bytes:rate1m_p90_2h", SESSION),
+                        recorded("longhaul:session_throughput_bytes:baseline", SESSION),
                         threshold("throughput_drop_ratio"),
                     ),
                     "{{instance}} {{session}} {{direction}} alert below",
