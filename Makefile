@@ -1,6 +1,6 @@
 # longhaul: thin targets over scripts/ (see README.md).
 #   make setup   install everything a fresh Debian machine needs (idempotent)
-#   make build   release binaries into dist/
+#   make build   release binaries, completions and man pages into dist/
 #   make test    everything CI runs (runs setup first)
 #   make lint    rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard checks
 #   make bench   benchmarks: memory, disk, exporter
@@ -28,9 +28,11 @@ help:
 setup:
 	@$(STAGE) setup scripts/setup
 
+# Binaries, and their shell completions and man pages (xtask), into dist/.
 build:
 	@$(STAGE) build bash -c 'cargo build --release --locked --workspace --bins && \
-	  mkdir -p dist && for b in $(BINARIES); do install -m 0755 "$(CARGO_TARGET_DIR)/release/$$b" dist/; done'
+	  mkdir -p dist && for b in $(BINARIES); do install -m 0755 "$(CARGO_TARGET_DIR)/release/$$b" dist/; done && \
+	  "$(CARGO_TARGET_DIR)/release/xtask" shell-files dist >/dev/null'
 
 lint:
 	@$(STAGE) lint scripts/lint
@@ -43,8 +45,10 @@ test: setup
 	@$(MAKE) --no-print-directory test-roles
 	@$(MAKE) --no-print-directory test-lab
 
+# A test that cannot run here fails (longhaul-testkit), unless LONGHAUL_ALLOW_SKIP=1;
+# check-test-skips refuses tests that print a skip of their own and pass.
 test-rust:
-	@$(STAGE) test-rust cargo test --locked --workspace
+	@$(STAGE) test-rust bash -c 'scripts/check-test-skips && cargo test --locked --workspace'
 
 # Integration tests start real binaries on loopback; the lab has its own stage.
 test-integration:

@@ -145,8 +145,14 @@ INSTANCE = prom_var("instance", "Instance", 'label_values(up{job=~"$job"}, insta
 SESSION_VAR = prom_var(
     "session", "Session", "label_values(%s, session)" % sel("longhaul_session_info")
 )
+# Controllers of the raid collector and of the engine's per-device IO: the engine
+# labels a device that has no controller (tmpfs, loop, ram) "virtual", which no
+# RAID controller series lists; selecting controllers must not hide those devices.
 CONTROLLER_VAR = prom_var(
-    "controller", "Controller", "label_values(%s, controller)" % sel("longhaul_controller_info")
+    "controller",
+    "Controller",
+    "label_values(%s, controller)"
+    % sel("", '__name__=~"longhaul_controller_info|longhaul_device_io_bytes_total"'),
 )
 DEVICE_VAR = prom_var(
     "device", "Device", "label_values(%s, device)" % sel("node_disk_io_time_seconds_total")

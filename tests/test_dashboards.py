@@ -1,8 +1,9 @@
 """Every Grafana dashboard panel returns data from a live stack.
 
-Grafana cannot be installed here, so this test does what Grafana would: it
-reads every dashboard in dashboards/, extracts each panel's queries,
-substitutes the template variables the way Grafana does with "All" selected,
+The fast, unit-level check of the queries (the lab's tests/lab/test_grafana.py
+sends every panel through a real Grafana). Without Grafana, this test does
+what Grafana would: it reads every dashboard in dashboards/, extracts each
+panel's queries, substitutes the template variables the way Grafana does with "All" selected,
 and runs them against a real Prometheus (PromQL) and InfluxDB (InfluxQL).
 The stack (tests/stack.py) is fed by the real exporters and Telegraf during
 a real `longhaul send` on loopback: a memory-to-memory transfer (with an

@@ -1,9 +1,10 @@
 """Handles on the running lab for the end-to-end tests (tests/lab): its
-scripts, playbooks, containers, and its Prometheus, Alertmanager and
-InfluxDB APIs (the same query methods as tests/stack.py's Stack, so the
+scripts, playbooks, containers, and its Prometheus, Alertmanager, InfluxDB
+and Grafana APIs (the same query methods as tests/stack.py's Stack, so the
 dashboard checks run against either)."""
 
 import base64
+import datetime
 import json
 import os
 import re
@@ -27,6 +28,8 @@ VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv
 # Generous ceilings: the machine has 2 cores shared with everything else.
 PLAYBOOK_TIMEOUT_S = 900
 HTTP_TIMEOUT_S = 10
+# Where the shell of start_long_transfer's sender in xfer-a leaves its pid.
+LONG_TRANSFER_PIDFILE = "/run/longhaul-long-transfer.pid"
 
 RECAP = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
@@ -55,6 +58,15 @@ def rate_bps(rate):
     return value * (8 if match.group(4) == "bps" else 1)
 
 
+def epoch(ansible_time):
+    """The command module's '2026-11-21 08:09:07.123456' (UTC in the lab) -> epoch."""
+    return (
+        datetime.datetime.strptime(ansible_time, "%Y-%m-%d %H:%M:%S.%f")
+        .replace(tzinfo=datetime.timezone.utc)
+        .timestamp()
+    )
+
+
 class PlaybookRun:
     def __init__(self, done, seconds):
         self.rc = done.returncode
@@ -81,6 +93,7 @@ class Lab:
         self.alertmanager_url = "http://%s:9093" % self.monitor
         self.influxdb_url = "http://%s:8086" % self.monitor
         self.central_url = "http://%s:9090" % env["LAB_IP_CENTRAL"]
+        self.grafana_url = "http://%s:3000" % self.monitor
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
@@ -177,6 +190,46 @@ class Lab:
         runs = sorted(p for p in (Path(results_dir) / name).glob("*") if p.is_dir())
         return run, (runs[-1] if runs else None)
 
+    def send_command(self, seconds, streams=8, rate_bps=None):
+        """The shell command of a memory `longhaul send` xfer-a -> xfer-b (2M
+        buffers, JSON report), paced to rate_bps when given."""
+        return (
+            "/usr/local/bin/longhaul send --to %s:7400 --streams %d --buffer 2M%s --time %d "
+            "--token-file /etc/longhaul/token --json"
+            % (
+                self.address["xfer-b"],
+                streams,
+                " --rate %d" % rate_bps if rate_bps else "",
+                seconds,
+            )
+        )
+
+    def start_long_transfer(self, seconds, streams=8):
+        """send_command's transfer in the background; returns its Popen, for
+        stop_long_transfer."""
+        return subprocess.Popen(
+            [
+                "docker",
+                "exec",
+                self.container("xfer-a"),
+                "sh",
+                "-c",
+                "echo $$ >%s; exec %s"
+                % (LONG_TRANSFER_PIDFILE, self.send_command(seconds, streams)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def stop_long_transfer(self, sender):
+        self.sh(
+            "xfer-a",
+            "[ -s {0} ] && kill $(cat {0}); rm -f {0}".format(LONG_TRANSFER_PIDFILE),
+            check=False,
+        )
+        sender.wait(timeout=60)
+
     # --- monitoring APIs (the same shapes as tests/stack.py's Stack) ---------------
     @staticmethod
     def get_json(url, params=None, auth=None):
@@ -185,8 +238,7 @@ class Lab:
             url += "?" + urllib.parse.urlencode(params)
         request = urllib.request.Request(url)
         if auth:
-            token = base64.b64encode(("%s:%s" % auth).encode()).decode()
-            request.add_header("Authorization", "Basic " + token)
+            request.add_header("Authorization", basic_auth(*auth))
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
             return json.load(answer)
 
@@ -226,6 +278,23 @@ class Lab:
         )
         return [a for a in found if a["labels"].get("alertname") == name]
 
+    def grafana(self, path, body=None, params=None):
+        """Grafana's HTTP API as its admin (the password lab/up generated): GET, or
+        POST of a JSON body; returns the decoded answer, raises HTTPError on 4xx/5xx."""
+        url = self.grafana_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params, doseq=True)
+        request = urllib.request.Request(
+            url,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "Authorization": basic_auth("admin", self.secret("grafana-admin-password")),
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
+            return json.load(answer)
+
     def ready(self, url):
         with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
             return answer.status in (200, 204)
@@ -239,6 +308,11 @@ class Lab:
             for alert in rule.get("alerts", [])
         }
         return states
+
+
+def basic_auth(user, password):
+    """The Authorization header value of HTTP basic authentication."""
+    return "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
 
 
 def wait_until(check, timeout, what, interval=2):

@@ -31,6 +31,8 @@ STREAMS = 8
 # The steady transfer: paced well below the lab's 200 Mb/s bottleneck.
 STEADY_SECONDS = 75
 STEADY_RATE_FRACTION = 0.6
+# The long transfer that drops: it outlasts the whole scenario (stopped at its end).
+LONG_SECONDS = 900
 # Full rate for this long before the drop: the session's baseline.
 BASELINE_S = 70
 # The bottleneck falls to this fraction of its rate.
@@ -107,16 +109,6 @@ def engine_sessions(lab):
     return json.loads(lab.sh("xfer-b", "python3 -c \"%s\"" % ENGINE_SESSIONS).stdout)["sessions"]
 
 
-def send_command(lab, seconds, rate=None, pidfile=None):
-    rate_flag = " --rate %d" % rate if rate else ""
-    pid = "echo $$ >%s; " % pidfile if pidfile else ""
-    return (
-        "%sexec /usr/local/bin/longhaul send --to %s:7400 --streams %d --buffer 2M%s --time %d "
-        "--token-file /etc/longhaul/token --json"
-        % (pid, lab.address["xfer-b"], STREAMS, rate_flag, seconds)
-    )
-
-
 def annotation_results(lab, start, end):
     """Every Prometheus annotation query of the Transfer overview, as
     Grafana runs it (variables "All"), over [start, end]."""
@@ -152,12 +144,13 @@ def scenario(provisioned):
     seen = SimpleNamespace(errors=[], bottleneck_bps=lab.bottleneck_bps)
     router_if_b = lab.router_interface(lab.env["LAB_IP_ROUTER_B"])
     tbf = "tc qdisc change dev %s root tbf rate %dbit burst 512kb latency 50ms"
-    pidfile = "/run/longhaul-alert-test.pid"
 
     # 1. The steady transfer.
     steady = lab.sh(
         "xfer-a",
-        send_command(lab, STEADY_SECONDS, rate=int(lab.bottleneck_bps * STEADY_RATE_FRACTION)),
+        lab.send_command(
+            STEADY_SECONDS, STREAMS, int(lab.bottleneck_bps * STEADY_RATE_FRACTION)
+        ),
         timeout=STEADY_SECONDS + 120,
     )
     report = json.loads(steady.stdout.strip().splitlines()[-1])
@@ -167,12 +160,7 @@ def scenario(provisioned):
     print("steady session %s: %.1f Mb/s" % (seen.steady_session, report["throughput_bps"] / 1e6))
 
     # 2. The long transfer, its baseline, the drop.
-    sender = subprocess.Popen(
-        ["docker", "exec", lab.container("xfer-a"), "sh", "-c", send_command(lab, 900, pidfile=pidfile)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    sender = lab.start_long_transfer(LONG_SECONDS, STREAMS)
     try:
         running = wait_until(
             lambda: [
@@ -247,12 +235,7 @@ def scenario(provisioned):
         seen.sender_alive = sender.poll() is None
     finally:
         lab.sh("router", tbf % (router_if_b, lab.bottleneck_bps), check=False)
-        lab.sh(
-            "xfer-a",
-            "[ -s %s ] && kill $(cat %s); rm -f %s" % (pidfile, pidfile, pidfile),
-            check=False,
-        )
-        sender.wait(timeout=60)
+        lab.stop_long_transfer(sender)
     seen.final = sinks(lab)
     return seen
 

@@ -3,19 +3,19 @@ monitoring they feed, and the alerts and failures a user must see.
 
 One lab for the module (conftest.py); the tests run in file order and build on
 each other's transfers: provisioning, then a memory campaign whose window the
-router, per-stream and CPU checks read, a disk campaign, the dashboards, then
-the fault injections (exporter down, receiver killed). The throughput drop and
-its notifications: test_alerts.py.
+router, per-stream and CPU checks read, a disk campaign, then the fault
+injections (exporter down, receiver killed). The throughput drop and its
+notifications: test_alerts.py. Every panel of every dashboard is queried
+through the lab's Grafana in test_grafana.py.
 """
 
-import datetime
 import json
 import subprocess
 import time
 
 import pytest
 import yaml
-from labkit import LAB, REPO, wait_until
+from labkit import LAB, REPO, epoch, wait_until
 
 # Engine and campaign settings of these tests. The memory run is long enough for a
 # few steps of the router panel's 15 s rate window in its steady state.
@@ -40,15 +40,6 @@ RATE_INTERVAL = "20s"
 # Alert deadlines: the lab's `for:` (15 s) + Alertmanager's group_wait.
 EXPORTER_DOWN_FIRES_WITHIN_S = 90
 RESOLVES_WITHIN_S = 150
-
-
-def epoch(ansible_time):
-    """The command module's '2026-11-21 08:09:07.123456' (UTC in the lab) -> epoch."""
-    return (
-        datetime.datetime.strptime(ansible_time, "%Y-%m-%d %H:%M:%S.%f")
-        .replace(tzinfo=datetime.timezone.utc)
-        .timestamp()
-    )
 
 
 class Transfer:
@@ -382,39 +373,8 @@ def test_disk_campaign(disk_run):
     assert report["files"]["count"] == 8
 
 
-# --- the dashboards against the lab -----------------------------------------------------
-
-
 def lab_dashboards():
     return REPO / "dashboards"
-
-
-def test_dashboard_panels_return_data(provisioned, memory_run, disk_run):
-    """Engineer C's panel-query check (tests/test_dashboards.py), against the
-    lab's Prometheus and InfluxDB over the campaigns' window."""
-    import test_dashboards as dash
-
-    lab = provisioned
-    start, end = memory_run.start, time.time()
-    empty = []
-    for name, title, ref, target in dash.TARGETS:
-        if "expr" in target:
-            values = dash.prom_values(name)
-            values["__rate_interval"] = RATE_INTERVAL
-            expr = dash.substitute(target["expr"], values)
-            if target.get("instant"):
-                result = lab.promql(expr, at=memory_run.end - SKIP_TAIL_S)
-            else:
-                result = lab.prom_range(expr, start, end)
-        else:
-            values = dash.influx_values(lab, name, start, end)
-            values["__interval"] = INFLUX_INTERVAL
-            result = lab.influxql(dash.substitute(target["query"], values))
-        if not result:
-            if (name, title) in dash.DISK_MODE_PANELS and disk_run[0].rc != 0:
-                continue  # test_disk_campaign reports the disk mode's failure
-            empty.append("%s: %s (%s)" % (name, title, ref))
-    assert not empty, "panels without data in the lab:\n  " + "\n  ".join(empty)
 
 
 # --- faults ------------------------------------------------------------------------------

@@ -1,70 +1,89 @@
-//! `longhaul send`: opens a session, attaches the data connections, runs
-//! the data phase and reports.
+//! `longhaul send` as a library call: opens a session, attaches the data
+//! connections, runs the data phase and returns the final report.
+//!
+//! [`SendOptions`] says what to send where; its [`Payload`] picks the mode
+//! and carries that mode's options. A caller that wants to follow the run
+//! (interval lines, a progress bar) passes a [`Watch`].
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
-use std::sync::mpsc;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use crate::attach::{AttachHeader, SESSION_ID_LEN};
-use crate::auth::{from_hex, proofs_equal, random_bytes, to_hex, Token, NONCE_LEN};
-use crate::connection::Connection;
+use crate::auth::{from_hex, to_hex, Token};
+use crate::connection::{self, Connection};
+use crate::datapath::{DataPlane, PlaneProgress};
 use crate::error::{Error, Result};
-use crate::messages::{Auth, Direction, Hello, Message, Mode, SessionRequest};
-use crate::modes;
-use crate::report::{FinalReport, IntervalTracker};
-use crate::session::{self, Side, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT};
-use crate::{PROTOCOL_VERSION, SOFTWARE_VERSION};
+use crate::handshake::{self, Nonces};
+use crate::limits::{DEFAULT_BUFFER, DEFAULT_SECONDS, REPORT_PERIOD};
+use crate::messages::{Direction, Message, SessionRequest};
+use crate::planes::{self, Amount, Payload};
+use crate::send_report::FinalReport;
+use crate::session::{self, Side};
+use crate::stream::StreamStats;
 
 /// Data connections opened in parallel while attaching: enough to hide a
 /// long RTT, few enough not to flood the server's accept queue.
 const PARALLEL_CONNECTS: usize = 16;
 
-/// TCP_INFO sampling period when no interval output is asked for.
+/// TCP_INFO sampling period when nobody watches the run.
 const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 
-/// `longhaul send` options.
+/// Idle streams named in the warning; the rest are counted.
+const IDLE_STREAMS_SHOWN: usize = 10;
+
+/// What to send where (`longhaul send`'s flags, parsed).
 #[derive(Debug, Clone)]
 pub struct SendOptions {
+    /// `HOST:PORT` of the server.
     pub to: String,
+    /// Streams per direction.
     pub streams: u32,
+    /// SO_SNDBUF/SO_RCVBUF of every data socket, bytes.
     pub buffer: u64,
+    /// TCP congestion control of the data sockets.
     pub cc: Option<String>,
+    /// Total rate per direction, bits per second.
     pub rate_bps: Option<u64>,
-    pub seconds: Option<f64>,
-    pub bytes: Option<u64>,
     pub direction: Direction,
-    /// Seconds between interval reports; `None` = no interval output.
-    pub interval: Option<f64>,
-    pub json: bool,
     /// `--strict`: a stream that moved no bytes fails the run.
     pub strict: bool,
     pub token: Option<Token>,
-    pub paths: Vec<PathBuf>,
-    pub dest: Option<String>,
-    /// Disk mode: `--io-workers-per-device`, `--direct`, `--follow-symlinks`, `--no-resume`.
-    pub disk: crate::disk::DiskOptions,
+    /// The mode and what it moves.
+    pub payload: Payload,
 }
 
 impl SendOptions {
-    /// The session request these options describe.
+    /// One stream of the default buffer, client to server, no token.
+    pub fn new(to: impl Into<String>, payload: Payload) -> SendOptions {
+        SendOptions {
+            to: to.into(),
+            streams: 1,
+            buffer: DEFAULT_BUFFER,
+            cc: None,
+            rate_bps: None,
+            direction: Direction::Send,
+            strict: false,
+            token: None,
+            payload,
+        }
+    }
+
+    /// The session request these options describe (without the mode's
+    /// parameters, which its plane adds).
     pub fn request(&self) -> SessionRequest {
-        let mode = if self.paths.is_empty() {
-            Mode::Memory
-        } else {
-            Mode::Disk
+        let (bytes, seconds) = match self.payload.amount() {
+            Some(Amount::Bytes(b)) => (Some(b), None),
+            Some(Amount::Seconds(s)) => (None, Some(s)),
+            // Disk mode sends the files; the time is a formality.
+            None => (None, Some(DEFAULT_SECONDS)),
         };
         SessionRequest {
-            mode,
+            mode: self.payload.mode(),
             direction: self.direction,
             streams: self.streams,
-            bytes: self.bytes,
-            seconds: if self.bytes.is_some() {
-                None
-            } else {
-                Some(self.seconds.unwrap_or(session::DEFAULT_SECONDS))
-            },
+            bytes,
+            seconds,
             buffer: self.buffer,
             cc: self.cc.clone(),
             rate_bps: self.rate_bps,
@@ -88,18 +107,21 @@ fn host_name() -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-fn resolve(to: &str) -> Result<SocketAddr> {
-    let mut addrs = to
-        .to_socket_addrs()
-        .map_err(|e| Error::Refused(format!("cannot resolve '{to}': {e}")))?;
-    addrs
-        .next()
-        .ok_or_else(|| Error::Refused(format!("'{to}' resolves to no address")))
+/// A look at a running send, handed to the watcher every period.
+pub struct Live<'a> {
+    /// This end's streams with their live counters and last TCP_INFO.
+    pub streams: &'a [Arc<StreamStats>],
+    /// Since the streams started.
+    pub elapsed: Duration,
+    /// What the mode knows beyond bytes (disk mode: files).
+    pub plane: Option<PlaneProgress>,
 }
 
-fn connect(addr: SocketAddr) -> Result<TcpStream> {
-    TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-        .map_err(|e| Error::io(format!("connecting to {addr}"), e))
+/// How a caller follows a running send: `tick` is called every `every`
+/// (TCP_INFO is sampled just before).
+pub struct Watch<'a> {
+    pub every: Duration,
+    pub tick: &'a mut dyn FnMut(&Live<'_>),
 }
 
 /// Handshake result: the session and the key its data connections prove.
@@ -108,86 +130,26 @@ struct Accepted {
     attach_key: Vec<u8>,
 }
 
-fn expect_kind(got: Message, want: &str) -> Error {
-    Error::Protocol(format!("expected {want}, got {:?}", got.kind()))
-}
-
-/// Nonces of an authenticated control connection (the attach key derives
-/// from them).
-pub(crate) struct Nonces {
-    pub client: [u8; NONCE_LEN],
-    pub server: Vec<u8>,
-}
-
-/// Hello -> Challenge -> Auth -> AuthOk on a fresh control connection.
-/// After it the client may send `SessionRequest` (or `Ping`).
-pub(crate) fn authenticate(conn: &mut Connection, token: Option<&Token>) -> Result<Nonces> {
-    conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let client_nonce = random_bytes::<NONCE_LEN>();
-    conn.send(&Message::Hello(Hello {
-        version: PROTOCOL_VERSION,
-        client_nonce: to_hex(&client_nonce),
-        software: format!("longhaul {SOFTWARE_VERSION}"),
-    }))?;
-    let challenge = match conn.recv()? {
-        Message::Challenge(c) => c,
-        other => return Err(expect_kind(other, "Challenge")),
-    };
-    if challenge.version != PROTOCOL_VERSION {
-        return Err(Error::VersionMismatch {
-            ours: PROTOCOL_VERSION,
-            theirs: challenge.version,
-        });
-    }
-    let server_nonce = from_hex(&challenge.server_nonce)?;
-    if challenge.token_required && token.is_none() {
-        return Err(Error::Auth(
-            "the server requires a token: pass --token-file".into(),
-        ));
-    }
-    conn.send(&Message::Auth(Auth {
-        proof: token.map(|t| to_hex(&t.client_proof(&server_nonce, &client_nonce))),
-    }))?;
-    let ok = match conn.recv()? {
-        Message::AuthOk(a) => a,
-        other => return Err(expect_kind(other, "AuthOk")),
-    };
-    if let Some(t) = token {
-        let Some(proof) = ok.proof else {
-            return Err(Error::Auth(
-                "the server runs without a token and cannot prove it knows ours".into(),
-            ));
-        };
-        if !proofs_equal(
-            &from_hex(&proof)?,
-            &t.server_proof(&server_nonce, &client_nonce),
-        ) {
-            return Err(Error::Auth(
-                "the server's proof is wrong: different token".into(),
-            ));
-        }
-    }
-    Ok(Nonces {
-        client: client_nonce,
-        server: server_nonce,
-    })
-}
-
 fn handshake(
     conn: &mut Connection,
     req: &SessionRequest,
     token: Option<&Token>,
-    plane: &dyn crate::datapath::DataPlane,
+    plane: &dyn DataPlane,
 ) -> Result<Accepted> {
     let Nonces {
         client: client_nonce,
         server: server_nonce,
-    } = authenticate(conn, token)?;
+    } = handshake::client_authenticate(conn, token)?;
     conn.send(&Message::SessionRequest(req.clone()))?;
     plane.negotiate(conn)?;
     let accepted = match conn.recv()? {
         Message::SessionAccepted(a) => a,
-        other => return Err(expect_kind(other, "SessionAccepted")),
+        other => {
+            return Err(Error::Protocol(format!(
+                "expected SessionAccepted, got {:?}",
+                other.kind()
+            )))
+        }
     };
     let id = from_hex(&accepted.session_id)?;
     let session_id: [u8; SESSION_ID_LEN] = id
@@ -225,7 +187,7 @@ fn attach_all(
                 .iter()
                 .map(|&id| {
                     scope.spawn(move || -> Result<(TcpStream, Option<String>)> {
-                        let mut sock = connect(addr)?;
+                        let mut sock = connection::connect(addr)?;
                         let w = session::configure_data_socket(
                             &sock,
                             req,
@@ -254,41 +216,31 @@ fn attach_all(
     Ok((sockets, warning))
 }
 
-/// Streams that should have moved bytes (memory and messages modes: every
-/// stream has time or a share of `--bytes`) but moved none. Disk mode is
-/// left out: with fewer files than streams, idle streams are normal.
-pub fn empty_streams(req: &SessionRequest, outcome: &session::PhaseOutcome) -> Vec<u32> {
-    if req.mode == Mode::Disk {
-        return Vec::new();
-    }
-    outcome
-        .local
-        .streams
-        .iter()
-        .zip(&outcome.remote.streams)
-        .filter(|(l, r)| l.bytes == 0 && r.bytes == 0)
-        .map(|(l, _)| l.id)
-        .filter(|&id| session::stream_bytes(req, id) != Some(0))
-        .collect()
-}
-
 /// Warns about streams that moved nothing; with `--strict` they fail the
 /// run.
-fn check_empty_streams(
+fn check_idle_streams(
     req: &SessionRequest,
+    plane: &dyn DataPlane,
     outcome: &session::PhaseOutcome,
     strict: bool,
 ) -> Result<()> {
-    let empty = empty_streams(req, outcome);
-    if empty.is_empty() {
+    let idle = session::idle_streams(req, plane, outcome);
+    if idle.is_empty() {
         return Ok(());
     }
-    const SHOWN: usize = 10;
-    let ids: Vec<String> = empty.iter().take(SHOWN).map(u32::to_string).collect();
-    let more = if empty.len() > SHOWN { ", ..." } else { "" };
+    let ids: Vec<String> = idle
+        .iter()
+        .take(IDLE_STREAMS_SHOWN)
+        .map(u32::to_string)
+        .collect();
+    let more = if idle.len() > IDLE_STREAMS_SHOWN {
+        ", ..."
+    } else {
+        ""
+    };
     let text = format!(
         "{} of {} streams moved no bytes (streams {}{more}); the machine or the path could not keep them all busy",
-        empty.len(),
+        idle.len(),
         outcome.local.streams.len(),
         ids.join(", ")
     );
@@ -299,24 +251,15 @@ fn check_empty_streams(
     Ok(())
 }
 
-/// Runs a whole `send`: prints interval lines to `out` as it goes and
-/// returns the final report (the caller prints it).
-pub fn run(opts: &SendOptions, out: &mut dyn Write) -> Result<FinalReport> {
-    run_request(opts, opts.request(), out)
-}
-
-/// [`run`] with a request built by the caller (`longhaul sweep` asks for
-/// messages mode this way; `opts` still gives address, token and output).
-pub fn run_request(
-    opts: &SendOptions,
-    mut req: SessionRequest,
-    out: &mut dyn Write,
-) -> Result<FinalReport> {
+/// Runs a whole `send` and returns the final report; `watch`, if any, is
+/// called while the data moves.
+pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
+    let mut req = opts.request();
     session::validate(&req)?;
-    let plane = modes::client_plane(&req, opts)?;
+    let plane = planes::client_plane(&req, &opts.payload)?;
     req.mode_params = plane.mode_params();
-    let addr = resolve(&opts.to)?;
-    let mut conn = Connection::new(connect(addr)?)?;
+    let addr = connection::resolve(&opts.to)?;
+    let mut conn = Connection::new(connection::connect(addr)?)?;
     let accepted = handshake(&mut conn, &req, opts.token.as_ref(), plane.as_ref())?;
     let (sockets, warning) = attach_all(addr, &req, &accepted)?;
     if let Some(w) = warning {
@@ -326,29 +269,21 @@ pub fn run_request(
     // The reader keeps whatever the handshake already buffered.
     let (reader, mut conn) = conn.split()?;
     let (events_tx, events) = mpsc::channel();
-    crate::server::spawn_control_reader(reader, events_tx.clone())?;
+    session::spawn_control_reader(reader, events_tx.clone())?;
     let streams = session::stream_stats(&req, Side::Client, sockets);
     conn.send(&Message::Start)?;
 
-    let tick_every = opts
-        .interval
-        .map(Duration::from_secs_f64)
-        .unwrap_or(DEFAULT_SAMPLE_PERIOD);
-    let print = opts.interval.is_some();
-    let json = opts.json;
-    let mut tracker = IntervalTracker::default();
-    let mut tick = |s: &[std::sync::Arc<crate::stream::StreamStats>], elapsed: Duration| {
-        if !print {
-            return;
-        }
-        let r = tracker.next(s, elapsed);
-        let line = if json {
-            serde_json::to_string(&r).unwrap_or_default()
-        } else {
-            r.human()
-        };
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
+    let mut unwatched = |_: &Live<'_>| {};
+    let (every, watcher): (Duration, &mut dyn FnMut(&Live<'_>)) = match watch {
+        Some(w) => (w.every, w.tick),
+        None => (DEFAULT_SAMPLE_PERIOD, &mut unwatched),
+    };
+    let mut tick = |s: &[Arc<StreamStats>], elapsed: Duration| {
+        watcher(&Live {
+            streams: s,
+            elapsed,
+            plane: plane.progress(),
+        })
     };
     let result = session::run_data_phase(
         &req,
@@ -357,18 +292,23 @@ pub fn run_request(
         &mut conn,
         &events,
         &events_tx,
-        tick_every,
+        every,
         &mut tick,
-        session::PeerStreams::Report(session::REPORT_PERIOD),
+        session::PeerStreams::Report(REPORT_PERIOD),
     );
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     let outcome = result?;
-    modes::check_outcome(&req, Side::Client, &outcome)?;
-    check_empty_streams(&req, &outcome, opts.strict)?;
+    let (local, remote) = (
+        outcome.local.mode_summary.as_ref(),
+        outcome.remote.mode_summary.as_ref(),
+    );
+    plane.check(local, remote)?;
+    check_idle_streams(&req, plane.as_ref(), &outcome, opts.strict)?;
     Ok(FinalReport::from_outcome(
         req.mode,
         req.direction,
         &outcome,
+        plane.report(local, remote),
         to_hex(&accepted.session_id),
         addr.to_string(),
     ))

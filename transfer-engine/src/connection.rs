@@ -1,15 +1,33 @@
-//! A control connection: a TCP stream that sends and receives [`Message`]s.
+//! A control connection: a TCP stream that sends and receives [`Message`]s,
+//! and how a client reaches a server ([`resolve`], [`connect`]).
 //!
 //! Reads carry a timeout so a silent peer cannot hold a handshake forever;
 //! an `Error` message from the peer turns into the matching [`Error`].
 
 use std::io::{BufReader, Read};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::frame::{Frame, MAX_FRAME_LEN};
+use crate::limits::CONNECT_TIMEOUT;
 use crate::messages::Message;
+
+/// The first address `HOST:PORT` resolves to.
+pub fn resolve(to: &str) -> Result<SocketAddr> {
+    let mut addrs = to
+        .to_socket_addrs()
+        .map_err(|e| Error::Refused(format!("cannot resolve '{to}': {e}")))?;
+    addrs
+        .next()
+        .ok_or_else(|| Error::Refused(format!("'{to}' resolves to no address")))
+}
+
+/// A TCP connection to `addr`, within [`CONNECT_TIMEOUT`].
+pub fn connect(addr: SocketAddr) -> Result<TcpStream> {
+    TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+        .map_err(|e| Error::io(format!("connecting to {addr}"), e))
+}
 
 pub struct Connection {
     reader: BufReader<Box<dyn Read + Send>>,

@@ -1,7 +1,9 @@
-//! The longhaul protocol's side of admission (`longhaul-admission`): what a
-//! first message is, the control handshake up to the token proof, and the
-//! attach of data connections.
+//! The control handshake, both halves, and the longhaul protocol's side of
+//! admission (`longhaul-admission`): what a first message is, the control
+//! handshake up to the token proof, and the attach of data connections.
 //!
+//! - The client runs Hello -> Challenge -> Auth -> AuthOk with
+//!   [`client_authenticate`] and may then ask for a session or ping.
 //! - A control connection's first message is a whole `Hello` frame (at most
 //!   [`MAX_HELLO_LEN`] bytes of payload); its handshake (Challenge, Auth,
 //!   proof check) runs on a thread of its own with small frames only
@@ -22,8 +24,9 @@ use crate::auth::{from_hex, proofs_equal, random_bytes, to_hex, Token, NONCE_LEN
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::frame::{Frame, FRAME_MAGIC, HEADER_LEN};
-use crate::messages::{Challenge, Message, MessageType};
-use crate::PROTOCOL_VERSION;
+use crate::limits::HANDSHAKE_TIMEOUT;
+use crate::messages::{Auth, Challenge, Hello, Message, MessageType};
+use crate::{PROTOCOL_VERSION, SOFTWARE_VERSION};
 
 /// Largest `Hello` payload: a version, a 64-character nonce and a software
 /// name take ~120 bytes of JSON.
@@ -106,12 +109,7 @@ fn authenticate_inner(conn: &mut Connection, policy: &AuthPolicy) -> Result<Prov
     let peer = conn.peer();
     let hello = match conn.recv()? {
         Message::Hello(h) => h,
-        other => {
-            return Err(Error::Protocol(format!(
-                "expected Hello, got {:?}",
-                other.kind()
-            )))
-        }
+        other => return Err(expect_kind(other, "Hello")),
     };
     if hello.version != PROTOCOL_VERSION {
         return Err(Error::VersionMismatch {
@@ -137,12 +135,7 @@ fn authenticate_inner(conn: &mut Connection, policy: &AuthPolicy) -> Result<Prov
     }))?;
     let auth = match conn.recv()? {
         Message::Auth(a) => a,
-        other => {
-            return Err(Error::Protocol(format!(
-                "expected Auth, got {:?}",
-                other.kind()
-            )))
-        }
+        other => return Err(expect_kind(other, "Auth")),
     };
     if let Some(t) = &policy.token {
         let Some(proof) = auth.proof else {
@@ -158,6 +151,71 @@ fn authenticate_inner(conn: &mut Connection, policy: &AuthPolicy) -> Result<Prov
     Ok(Proven {
         server_nonce,
         client_nonce,
+    })
+}
+
+/// Nonces of an authenticated control connection (the attach key derives
+/// from them).
+pub struct Nonces {
+    pub client: [u8; NONCE_LEN],
+    pub server: Vec<u8>,
+}
+
+fn expect_kind(got: Message, want: &str) -> Error {
+    Error::Protocol(format!("expected {want}, got {:?}", got.kind()))
+}
+
+/// Client side of Hello -> Challenge -> Auth -> AuthOk on a fresh control
+/// connection. After it the client may send `SessionRequest` (or `Ping`).
+pub fn client_authenticate(conn: &mut Connection, token: Option<&Token>) -> Result<Nonces> {
+    conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let client_nonce = random_bytes::<NONCE_LEN>();
+    conn.send(&Message::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        client_nonce: to_hex(&client_nonce),
+        software: format!("longhaul {SOFTWARE_VERSION}"),
+    }))?;
+    let challenge = match conn.recv()? {
+        Message::Challenge(c) => c,
+        other => return Err(expect_kind(other, "Challenge")),
+    };
+    if challenge.version != PROTOCOL_VERSION {
+        return Err(Error::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: challenge.version,
+        });
+    }
+    let server_nonce = from_hex(&challenge.server_nonce)?;
+    if challenge.token_required && token.is_none() {
+        return Err(Error::Auth(
+            "the server requires a token: pass --token-file".into(),
+        ));
+    }
+    conn.send(&Message::Auth(Auth {
+        proof: token.map(|t| to_hex(&t.client_proof(&server_nonce, &client_nonce))),
+    }))?;
+    let ok = match conn.recv()? {
+        Message::AuthOk(a) => a,
+        other => return Err(expect_kind(other, "AuthOk")),
+    };
+    if let Some(t) = token {
+        let Some(proof) = ok.proof else {
+            return Err(Error::Auth(
+                "the server runs without a token and cannot prove it knows ours".into(),
+            ));
+        };
+        if !proofs_equal(
+            &from_hex(&proof)?,
+            &t.server_proof(&server_nonce, &client_nonce),
+        ) {
+            return Err(Error::Auth(
+                "the server's proof is wrong: different token".into(),
+            ));
+        }
+    }
+    Ok(Nonces {
+        client: client_nonce,
+        server: server_nonce,
     })
 }
 

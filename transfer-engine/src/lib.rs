@@ -1,57 +1,53 @@
-//! longhaul transfer engine: the library half of the `longhaul` binary.
+//! The longhaul transfer engine as a library: what `longhaul serve` and
+//! `longhaul send` do, for the `longhaul` binary (transfer-engine/cli) and
+//! for campaign science (transfer-engine/science), which drive it through
+//! [`client::run`], [`server::Server`] and [`probe::measure`].
 //!
-//! The modules follow the protocol layers, bottom to top:
+//! Layers, bottom to top; each imports only from layers below it
+//! (docs/architecture.md has one line per module):
 //!
-//! - [`frame`]: length-prefixed, magic-tagged frames on the control connection.
-//! - [`connection`]: a control TCP connection that reads and writes frames.
-//! - [`messages`]: every typed control message, enumerated in one place.
-//! - [`auth`] and [`attach`]: the challenge-response handshake and the header a
-//!   data connection sends to join a session.
-//! - [`session`]: what both ends agree on (stream layout, byte budgets, the
-//!   end-of-session report) and the check that the two ends agree on totals.
-//! - [`datapath`]: per-stream data sources and sinks (memory mode: a pattern
-//!   buffer and a discarding sink); [`stream`] runs one worker per stream.
-//! - [`handshake`]: the protocol's side of admission (`longhaul-admission`):
-//!   first messages, the server's half of the token handshake, attach.
-//! - [`server`] (`longhaul serve`) and [`client`] (`longhaul send`).
-//!
-//! Around them: [`sockopt`] (buffers, congestion control, pacing, TCP_INFO),
-//! [`pacer`] (in-process rate limit), [`cpu`] (/proc/stat and rusage),
-//! [`registry`] + [`stats_http`] (the stats API), [`report`] (human and JSON
-//! output), [`cli`] and [`units`] (argument parsing), [`membench`],
-//! [`logline`] (timestamped server log lines), [`memory`] (handing freed
-//! memory back after a session), and
-//! [`modes`] (which data plane serves which mode: the hook for disk mode).
-//!
-//! [`science`]: `longhaul sweep`, `advise` and `report`, and messages mode
-//! (the message-length sweeps' data plane).
+//! 1. Ground: [`error`], [`limits`] (every named timeout and limit),
+//!    [`pacer`], [`cpu`], [`sockopt`], [`logline`], [`memory`],
+//!    [`membench`].
+//! 2. Wire: [`frame`] (length-prefixed frames), [`messages`] (every
+//!    control message), [`auth`] and [`attach`] (tokens, proofs, the data
+//!    connection's header), [`connection`] (a control connection),
+//!    [`handshake`] (both halves of the handshake, and what a first message
+//!    is for admission).
+//! 3. Streams and sessions: [`datapath`] (the data plane interface:
+//!    sources, sinks and what a mode adds), [`stream`] (how one stream
+//!    runs), [`session`] (stream layout, the data phase, the checks both
+//!    ends share).
+//! 4. Data planes ([`planes`]): memory, disk and messages, and the one
+//!    place a mode is chosen.
+//! 5. Ends: [`client`] (`send`) with its [`send_report`]; [`server`]
+//!    (`serve`) with its [`registry`] and [`stats_http`] (the stats API);
+//!    [`probe`] (ping/pong over the control connection).
 
 pub mod attach;
 pub mod auth;
-pub mod cli;
 pub mod client;
 pub mod connection;
 pub mod cpu;
 pub mod datapath;
-pub mod disk;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod limits;
 pub mod logline;
 pub mod membench;
 pub mod memory;
 pub mod messages;
-pub mod modes;
 pub mod pacer;
+pub mod planes;
+pub mod probe;
 pub mod registry;
-pub mod report;
-pub mod science;
+pub mod send_report;
 pub mod server;
 pub mod session;
 pub mod sockopt;
 pub mod stats_http;
 pub mod stream;
-pub mod units;
 
 pub use error::{Error, Result};
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use longhaul_stats_api as api;
 
+use crate::datapath::DeviceCounters;
 use crate::messages::{Direction, Mode, Role, SessionRequest, StreamReport};
 use crate::stream::StreamStats;
 
@@ -59,7 +60,7 @@ struct EntryState {
     /// The client's host name, as it gave it in its request.
     peer_host: Option<String>,
     /// Disk mode: the session's device groups and their live counters.
-    devices: Vec<Arc<crate::disk::devices::DeviceGroup>>,
+    devices: Vec<Arc<dyn DeviceCounters>>,
 }
 
 impl SessionEntry {
@@ -96,7 +97,7 @@ impl SessionEntry {
         self.lock().peer_streams = streams;
     }
 
-    pub fn set_devices(&self, devices: Vec<Arc<crate::disk::devices::DeviceGroup>>) {
+    pub fn set_devices(&self, devices: Vec<Arc<dyn DeviceCounters>>) {
         self.lock().devices = devices;
     }
 

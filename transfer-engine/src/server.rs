@@ -20,18 +20,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use longhaul_admission::{Arrival, Lobby, Protocol, Settings, Ticket};
+use longhaul_units::{format_bps, format_bytes};
 
 use crate::attach::{AttachHeader, ATTACH_LEN, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN};
 use crate::auth::{random_bytes, to_hex, Token};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::handshake::{self, AuthPolicy, Proven, MAX_FIRST_MESSAGE};
+use crate::limits::{ATTACH_TIMEOUT, HANDSHAKE_TIMEOUT};
 use crate::logline;
 use crate::messages::{AuthOk, Message, SessionAccepted, SessionRequest};
-use crate::modes;
+use crate::planes::disk::claims::{Claimant, Claims, RootLock};
+use crate::planes::{self, ServerPlanes};
+use crate::probe;
 use crate::registry::{Registry, SessionEntry};
-use crate::session::{self, Event, Side, ATTACH_TIMEOUT, HANDSHAKE_TIMEOUT};
-use crate::units::{format_bps, format_bytes};
+use crate::session::{self, Event, Side};
 
 /// Default control/data port (DESIGN.md).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7400";
@@ -101,7 +104,7 @@ struct Context {
     slots: Mutex<HashMap<[u8; SESSION_ID_LEN], Arc<AttachSlot>>>,
     warned_buffers: AtomicBool,
     /// Destination paths live disk sessions are writing.
-    claims: Arc<crate::disk::claims::Claims>,
+    claims: Arc<Claims>,
 }
 
 /// A bound server, ready to [`Server::run`].
@@ -110,7 +113,7 @@ pub struct Server {
     stats: longhaul_http_serve::Server,
     ctx: Arc<Context>,
     /// Held for the server's life: one `longhaul serve` per `--root`.
-    _root_lock: Option<crate::disk::claims::RootLock>,
+    _root_lock: Option<RootLock>,
 }
 
 fn log(msg: impl std::fmt::Display) {
@@ -130,7 +133,7 @@ impl Server {
             return Err(Error::Usage("--max-sessions must be at least 1".into()));
         }
         let root_lock = match &opts.root {
-            Some(root) => Some(crate::disk::claims::RootLock::take(root)?),
+            Some(root) => Some(RootLock::take(root)?),
             None => None,
         };
         let listener = bind(&opts.listen, "--listen")?;
@@ -155,7 +158,7 @@ impl Server {
                 active: AtomicUsize::new(0),
                 slots: Mutex::new(HashMap::new()),
                 warned_buffers: AtomicBool::new(false),
-                claims: Arc::new(crate::disk::claims::Claims::default()),
+                claims: Arc::new(Claims::default()),
             }),
             _root_lock: root_lock,
         })
@@ -405,8 +408,8 @@ fn serve_session(
     let req = loop {
         match conn.recv() {
             Ok(Message::SessionRequest(r)) => break r,
-            Ok(Message::Ping(p)) if pings < crate::science::advise::MAX_PINGS => {
-                conn.send(&Message::Pong(crate::science::advise::answer(&p)))?;
+            Ok(Message::Ping(p)) if pings < probe::MAX_PINGS => {
+                conn.send(&Message::Pong(probe::answer(&p)))?;
                 pings += 1;
             }
             Err(Error::PeerAborted(_)) if pings > 0 => {
@@ -426,16 +429,16 @@ fn serve_session(
     }
     let session_id = random_bytes::<SESSION_ID_LEN>();
     let session_hex = to_hex(&session_id);
-    let plane = match modes::server_plane(
-        &req,
-        &ctx.opts.root,
-        conn,
-        &crate::disk::claims::Claimant {
-            claims: ctx.claims.clone(),
-            session: session_hex.clone(),
-            peer,
-        },
-    ) {
+    let claimant = Claimant {
+        claims: ctx.claims.clone(),
+        session: session_hex.clone(),
+        peer,
+    };
+    let offer = ServerPlanes {
+        root: ctx.opts.root.as_deref(),
+        claimant: &claimant,
+    };
+    let plane = match planes::server_plane(&req, &offer, conn) {
         Ok(p) => p,
         Err(e) => return fail(conn, e),
     };
@@ -475,7 +478,7 @@ fn serve_session(
     // phase; a dead peer shows up as EOF/RST or as stalled data streams.
     conn.set_timeout(None)?;
     let reader = take_reader(conn)?;
-    spawn_control_reader(reader, events_tx.clone())?;
+    session::spawn_control_reader(reader, events_tx.clone())?;
     let writer = conn;
 
     let sockets = match wait_for_attach(&events, total) {
@@ -497,10 +500,13 @@ fn serve_session(
         &mut |_, _| {},
         session::PeerStreams::Collect(&|reported| entry.set_peer_streams(reported)),
     )?;
-    modes::check_outcome(&req, Side::Server, &outcome)?;
+    plane.check(
+        outcome.local.mode_summary.as_ref(),
+        outcome.remote.mode_summary.as_ref(),
+    )?;
     let bytes: u64 = outcome.local.streams.iter().map(|s| s.bytes).sum();
     let secs = outcome.local.seconds.max(1e-9);
-    let empty = crate::client::empty_streams(&req, &outcome).len();
+    let empty = session::idle_streams(&req, plane.as_ref(), &outcome).len();
     let warning = match empty {
         0 => String::new(),
         n => format!("; warning: {n} streams moved no bytes"),
@@ -522,22 +528,6 @@ fn take_reader(conn: &mut Connection) -> Result<Connection> {
             .map_err(|e| Error::io("control connection", e))?,
     )?;
     Ok(std::mem::replace(conn, fresh))
-}
-
-/// Forwards control messages to the session's event channel until the
-/// connection fails or closes.
-pub(crate) fn spawn_control_reader(mut reader: Connection, events: Sender<Event>) -> Result<()> {
-    std::thread::Builder::new()
-        .name("control-reader".into())
-        .spawn(move || loop {
-            let msg = reader.recv();
-            let stop = msg.is_err();
-            if events.send(Event::Control(msg)).is_err() || stop {
-                return;
-            }
-        })
-        .map_err(|e| Error::io("starting the control reader", e))?;
-    Ok(())
 }
 
 /// Waits until all `total` data connections attached and the client said

@@ -1,8 +1,13 @@
-//! What both ends of a session share: the named timeouts and limits, the
-//! stream layout (which stream carries which direction, how many bytes), the
-//! data phase loop (including the client's periodic `StreamsReport`, see
-//! [`PeerStreams`]), and the end-of-session check that both ends agree on
-//! every stream's byte count.
+//! What both ends of a session share: the stream layout (which stream
+//! carries which direction, how many bytes), the data phase loop (including
+//! the client's periodic `StreamsReport`, see [`PeerStreams`]), and the
+//! end-of-session checks (both ends agree on every stream's byte count; no
+//! stream sat idle that should have moved data).
+//!
+//! The session starts every stream through [`stream::start`] and learns of
+//! its end through a callback: how streams are driven (one thread each
+//! today) is the stream layer's business. The mode's data plane is only
+//! seen through [`DataPlane`].
 
 use std::net::TcpStream;
 use std::sync::atomic::AtomicBool;
@@ -14,63 +19,16 @@ use crate::connection::Connection;
 use crate::cpu::CpuSnapshot;
 use crate::datapath::{DataPlane, FairStart, Limit, SendBudget};
 use crate::error::{Error, Result};
+use crate::limits::{
+    DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT, MAX_BUFFER, MAX_STREAMS, SHUTDOWN_TIMEOUT,
+    WATCHDOG_PERIOD,
+};
 use crate::messages::{
     Direction, Done, Message, Role, SessionRequest, StreamReport, StreamsReport,
 };
 use crate::pacer::Pacer;
 use crate::sockopt;
 use crate::stream::{self, StartGate, StreamStats, Work};
-
-/// Connecting to the server. A WAN path answers a SYN within a few RTTs;
-/// 10 s covers slow paths and a busy server's accept queue.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Each handshake step (and the first bytes of any new connection). Long
-/// enough for a 200 ms RTT path under load, short enough that a half-open
-/// connection frees its slot quickly.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// From `SessionAccepted` until every data connection has attached and the
-/// client said `Start`. 1024 connections over a long path take a while.
-pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A data stream with no progress for this long is dead: the session's
-/// watchdog ([`WATCHDOG_PERIOD`]) fails it, naming the stream. Progress is
-/// anything TCP moved on the socket (payload, keep-alives), so a paced or
-/// idle-but-alive stream is not dead. TCP's own retransmission timeout
-/// gives up after ~15 min; a test campaign wants to know much sooner.
-pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How often the watchdog looks at every stream's progress; the idle
-/// timeout fires within this much of [`DATA_IDLE_TIMEOUT`].
-pub const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
-
-/// SO_RCVTIMEO/SO_SNDTIMEO of data sockets: a backstop behind the watchdog
-/// (a blocking call cannot hang past it even if the session thread is
-/// stuck), longer than [`DATA_IDLE_TIMEOUT`] so the watchdog speaks first.
-pub const DATA_SOCKET_TIMEOUT: Duration = Duration::from_secs(45);
-
-/// After the data phase: waiting for the receiver to close and for the
-/// peer's `Done`. The peer only has to finish draining its buffers.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Streams per direction. Beyond ~1000 sockets per session the gain is nil
-/// and we would run into file descriptor limits.
-pub const MAX_STREAMS: u32 = 1024;
-
-/// Largest SO_SNDBUF/SO_RCVBUF we ask for (the kernel caps lower anyway).
-pub const MAX_BUFFER: u64 = 1 << 30;
-
-/// Default socket buffer: the FDT campaigns' 2 MB.
-pub const DEFAULT_BUFFER: u64 = 2 << 20;
-
-/// Default duration of a memory-to-memory run, as iperf3.
-pub const DEFAULT_SECONDS: f64 = 10.0;
-
-/// How often the client reports its streams to the server during the data
-/// phase. Well inside any scrape interval (the lab scrapes every 5 s); a
-/// report costs about 250 bytes per stream.
-pub const REPORT_PERIOD: Duration = Duration::from_secs(1);
 
 /// The other end's view of the streams during the data phase. `longhaul
 /// send` has no stats API, so the client reports its sockets (bytes and
@@ -280,7 +238,16 @@ fn data_phase_inner(
             ),
             Role::Receive => Work::Receive(plane.sink(s.id)?),
         };
-        stream::spawn(s.clone(), work, gate.clone(), events_tx.clone())?;
+        let events = events_tx.clone();
+        let id = s.id;
+        stream::start(
+            s.clone(),
+            work,
+            gate.clone(),
+            Box::new(move |result| {
+                let _ = events.send(Event::Worker { id, result });
+            }),
+        )?;
     }
     // Every worker exists: start the clock and let them all go at once.
     let cpu_start = CpuSnapshot::now();
@@ -450,6 +417,44 @@ impl Watchdog {
     }
 }
 
+/// Streams that should have moved bytes (every stream has time or a share
+/// of `--bytes`) but moved none. Planes that may leave streams idle (disk
+/// mode with fewer files than streams) report none.
+pub fn idle_streams(
+    req: &SessionRequest,
+    plane: &dyn DataPlane,
+    outcome: &PhaseOutcome,
+) -> Vec<u32> {
+    if plane.idle_streams_are_normal() {
+        return Vec::new();
+    }
+    outcome
+        .local
+        .streams
+        .iter()
+        .zip(&outcome.remote.streams)
+        .filter(|(l, r)| l.bytes == 0 && r.bytes == 0)
+        .map(|(l, _)| l.id)
+        .filter(|&id| stream_bytes(req, id) != Some(0))
+        .collect()
+}
+
+/// Forwards control messages to the session's event channel until the
+/// connection fails or closes.
+pub fn spawn_control_reader(mut reader: Connection, events: Sender<Event>) -> Result<()> {
+    std::thread::Builder::new()
+        .name("control-reader".into())
+        .spawn(move || loop {
+            let msg = reader.recv();
+            let stop = msg.is_err();
+            if events.send(Event::Control(msg)).is_err() || stop {
+                return;
+            }
+        })
+        .map_err(|e| Error::io("starting the control reader", e))?;
+    Ok(())
+}
+
 /// Checks a client's `StreamsReport`: one entry per stream of the session
 /// at most, each with the client's role on it (the stats API lists what it
 /// gets, so a confused peer must not invent streams).
@@ -512,6 +517,7 @@ pub fn verify_totals(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::DEFAULT_BUFFER;
     use crate::messages::Mode;
 
     fn req(direction: Direction, streams: u32, bytes: Option<u64>) -> SessionRequest {

@@ -1,24 +1,28 @@
-//! One worker thread per data stream, and the live counters it updates.
+//! How a data stream runs, and the live counters it updates.
 //!
-//! A sending worker pumps its [`Source`], half-closes the socket and waits
+//! A sending stream pumps its [`Source`], half-closes the socket and waits
 //! for the receiver to close its side, which proves every byte arrived. A
-//! receiving worker drains its [`Sink`] until end of stream and closes.
-//! Both report their total through the session's event channel.
+//! receiving stream drains its [`Sink`] until end of stream and closes.
+//!
+//! [`start`] is the boundary between a session and its streams: the session
+//! hands over each stream's [`StreamStats`] and [`Work`], and hears of the
+//! stream's end through its [`Finished`] callback. Today every stream is a
+//! thread of its own; a data path that multiplexes sockets on a few
+//! per-core workers replaces what happens behind [`start`] and leaves the
+//! session as it is (docs/architecture.md).
 
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use longhaul_stats_api::TcpInfo;
 
 use crate::datapath::{SendBudget, Sink, Source};
 use crate::error::{Error, Result};
+use crate::limits::SHUTDOWN_TIMEOUT;
 use crate::messages::{Role, StreamReport};
-use crate::session::{Event, SHUTDOWN_TIMEOUT};
 use crate::sockopt;
 
 /// Live state of one stream, shared by its worker, the session loop (which
@@ -211,21 +215,20 @@ fn prefix(err: Error, id: u32) -> Error {
     }
 }
 
-/// Starts the worker thread of one stream; it waits at `gate`.
-pub fn spawn(
+/// Told a stream's result (payload bytes it moved) when the stream ends.
+pub type Finished = Box<dyn FnOnce(Result<u64>) + Send>;
+
+/// Starts one stream: it waits at `gate`, runs its work and calls
+/// `finished` with the result.
+pub fn start(
     stats: Arc<StreamStats>,
     work: Work,
     gate: Arc<StartGate>,
-    events: Sender<Event>,
-) -> Result<JoinHandle<()>> {
+    finished: Finished,
+) -> Result<()> {
     std::thread::Builder::new()
         .name(format!("stream-{}", stats.id))
-        .spawn(move || {
-            let result = run(&stats, work, &gate);
-            let _ = events.send(Event::Worker {
-                id: stats.id,
-                result,
-            });
-        })
+        .spawn(move || finished(run(&stats, work, &gate)))
+        .map(drop)
         .map_err(|e| Error::io("starting a stream worker", e))
 }

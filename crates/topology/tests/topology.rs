@@ -1,5 +1,5 @@
-//! Topology on the fixture disk server (tests/fixtures/server, written by
-//! tests/fixtures/mkfixture.py) and on broken trees.
+//! Topology on the fixture disk server (the workspace's tests/fixtures/sysfs-server,
+//! written by tests/fixtures/mkfixture.py) and on broken trees.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -13,7 +13,7 @@ const ARCMSR: &str = "0000:81:00.0";
 const AHCI: &str = "0000:00:1f.2";
 
 fn sysfs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/server/sys")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs-server/sys")
 }
 
 fn disk(name: &str, controller: &str) -> Disk {

@@ -1,313 +1,233 @@
-//! Command-line flags, node_exporter style: `--flag=value` or `--flag value`,
-//! `--collector.<name>` / `--no-collector.<name>` to switch collectors.
+//! Command-line flags (clap), node_exporter style: `--flag=value` or
+//! `--flag value`, and `--collector.<name>` / `--no-collector.<name>` for
+//! every collector of the registry (added from it, so a new collector gets
+//! its switches for free).
 //!
-//! Parsing never exits: it returns a [`UsageError`] and `main` turns that into
-//! exit code 2, so the rules are unit-testable.
+//! Parsing never exits: it returns a clap error that `main` prints and
+//! turns into exit code 2 (help and version: 0).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::collector::COLLECTORS;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser};
+
+use crate::config::*;
 use crate::ports::PortRanges;
+use crate::scrape::COLLECTORS;
 
-/// Default listen address (DESIGN.md): all interfaces, port 9743.
-pub const DEFAULT_LISTEN: &str = ":9743";
-/// Default engine stats API (the engine's `--stats-listen` default).
-pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:7401";
-/// The engine's data ports by convention: 7400 control, the rest data.
-pub const DEFAULT_TCP_PORTS: &str = "7400-7499";
-/// Prometheus scrapes one target once per interval; a handful in flight
-/// means something is wrong (stuck collectors, a scrape storm), so refuse
-/// more with 503 instead of piling up threads.
-pub const DEFAULT_MAX_REQUESTS: usize = 4;
-/// A hung engine must not hold a scrape: Prometheus' default scrape timeout
-/// is 10 s, so 2 s for connect+read leaves room for the other collectors.
-pub const DEFAULT_ENGINE_TIMEOUT: Duration = Duration::from_secs(2);
-/// DESIGN.md: stream labels capped at 256 per session.
-pub const DEFAULT_MAX_STREAMS: usize = 256;
-/// Per-connection series (`flow` slots) of the tcp collector, all peers together.
-pub const DEFAULT_MAX_FLOWS: usize = 64;
-/// storcli can take seconds on a busy controller; it runs in the background.
-pub const DEFAULT_STORCLI_TIMEOUT: Duration = Duration::from_secs(10);
-/// Controller models do not change while the host runs; refresh rarely.
-pub const DEFAULT_STORCLI_INTERVAL: Duration = Duration::from_secs(300);
-/// Debian's pci-data location, for controller model names.
-pub const DEFAULT_PCI_IDS: &str = "/usr/share/misc/pci.ids";
-
-/// Everything the flags configure.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub listen_address: String,
-    pub max_requests: usize,
-    pub procfs: PathBuf,
-    pub sysfs: PathBuf,
-    pub pci_ids: PathBuf,
-    pub engine_url: String,
-    pub engine_timeout: Duration,
-    pub max_streams: usize,
-    pub tcp_ports: PortRanges,
-    pub max_flows: usize,
-    pub storcli_command: Option<String>,
-    pub storcli_timeout: Duration,
-    pub storcli_interval: Duration,
-    /// Enabled collectors, in registry order.
-    pub collectors: Vec<&'static str>,
+/// Prometheus exporter for longhaul transfers, TCP flows and RAID
+/// controllers.
+#[derive(Debug, Parser)]
+#[command(name = "longhaul-exporter", version)]
+struct Flags {
+    /// Address to serve /metrics on (default :9743, every interface; port 0
+    /// picks a free port, printed at startup)
+    #[arg(long = "web.listen-address", value_name = "ADDR", value_parser = listen_address)]
+    listen_address: Option<String>,
+    /// Requests in flight before answering 503 (default 4)
+    #[arg(long = "web.max-requests", value_name = "N", value_parser = count)]
+    max_requests: Option<usize>,
+    /// procfs mount point (default /proc)
+    #[arg(long = "path.procfs", value_name = "DIR", value_parser = path)]
+    procfs: Option<PathBuf>,
+    /// sysfs mount point (default /sys)
+    #[arg(long = "path.sysfs", value_name = "DIR", value_parser = path)]
+    sysfs: Option<PathBuf>,
+    /// pci.ids database for controller models (default /usr/share/misc/pci.ids)
+    #[arg(long = "path.pciids", value_name = "FILE", value_parser = path)]
+    pci_ids: Option<PathBuf>,
+    /// The longhaul engine's stats API (default http://127.0.0.1:7401)
+    #[arg(long = "engine.url", value_name = "URL", value_parser = engine_url)]
+    engine_url: Option<String>,
+    /// Connect and read timeout for the stats API (default 2s)
+    #[arg(long = "engine.timeout", value_name = "DURATION", value_parser = duration)]
+    engine_timeout: Option<Duration>,
+    /// Stream labels per session; the rest are summed into stream="other"
+    /// (default 256)
+    #[arg(long = "collector.engine.max-streams", value_name = "N", value_parser = count)]
+    max_streams: Option<usize>,
+    /// TCP port ranges to report, e.g. 7400-7499,5201 (default 7400-7499)
+    #[arg(long = "collector.tcp.ports", value_name = "PORTS", value_parser = port_ranges)]
+    tcp_ports: Option<PortRanges>,
+    /// Per-connection flow slots; the rest are summed into flow="other"
+    /// (default 64)
+    #[arg(long = "collector.tcp.max-flows", value_name = "N", value_parser = count)]
+    max_flows: Option<usize>,
+    /// Command printing storcli/perccli JSON (e.g. "storcli64 /call show J");
+    /// off by default
+    #[arg(long = "collector.raid.storcli-command", value_name = "COMMAND")]
+    storcli_command: Option<String>,
+    /// Kill the storcli command after this long (default 10s)
+    #[arg(long = "collector.raid.storcli-timeout", value_name = "DURATION", value_parser = duration)]
+    storcli_timeout: Option<Duration>,
+    /// Rerun the storcli command this often, in the background (default 5m)
+    #[arg(long = "collector.raid.storcli-interval", value_name = "DURATION", value_parser = duration)]
+    storcli_interval: Option<Duration>,
+    /// Start from no collectors
+    #[arg(long = "collector.disable-defaults", value_name = "BOOL", num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_parser = clap::value_parser!(bool))]
+    disable_defaults: Option<bool>,
 }
 
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            listen_address: DEFAULT_LISTEN.into(),
-            max_requests: DEFAULT_MAX_REQUESTS,
-            procfs: "/proc".into(),
-            sysfs: longhaul_topology::DEFAULT_SYSFS.into(),
-            pci_ids: DEFAULT_PCI_IDS.into(),
-            engine_url: DEFAULT_ENGINE_URL.into(),
-            engine_timeout: DEFAULT_ENGINE_TIMEOUT,
-            max_streams: DEFAULT_MAX_STREAMS,
-            tcp_ports: DEFAULT_TCP_PORTS
-                .parse()
-                .expect("default port ranges parse"),
-            max_flows: DEFAULT_MAX_FLOWS,
-            storcli_command: None,
-            storcli_timeout: DEFAULT_STORCLI_TIMEOUT,
-            storcli_interval: DEFAULT_STORCLI_INTERVAL,
-            collectors: COLLECTORS
-                .iter()
-                .filter(|c| c.default_enabled)
-                .map(|c| c.name)
-                .collect(),
-        }
+fn listen_address(v: &str) -> Result<String, String> {
+    crate::http::resolve_listen_address(v)?;
+    Ok(v.to_string())
+}
+
+fn count(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("wants a whole number >= 1".into()),
     }
 }
 
-/// What the command line asks for.
-#[derive(Debug)]
-pub enum Command {
-    Run(Box<Config>),
-    Help,
-    Version,
+fn path(v: &str) -> Result<PathBuf, String> {
+    if v.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(PathBuf::from(v))
 }
 
-/// A bad command line; `main` prints it with the usage hint and exits 2.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
-fn usage<T>(msg: impl Into<String>) -> Result<T, UsageError> {
-    Err(UsageError(msg.into()))
-}
-
-/// Flags that take a value.
-const VALUE_FLAGS: &[&str] = &[
-    "web.listen-address",
-    "web.max-requests",
-    "path.procfs",
-    "path.sysfs",
-    "path.pciids",
-    "engine.url",
-    "engine.timeout",
-    "collector.engine.max-streams",
-    "collector.tcp.ports",
-    "collector.tcp.max-flows",
-    "collector.raid.storcli-command",
-    "collector.raid.storcli-timeout",
-    "collector.raid.storcli-interval",
-];
-
-pub fn help_text() -> String {
-    let mut s = String::from(
-        "longhaul-exporter: Prometheus exporter for longhaul transfers, TCP flows and RAID controllers\n\n\
-         Usage: longhaul-exporter [FLAGS]\n\n\
-         Flags (--flag=value or --flag value):\n",
-    );
-    let rows: &[(&str, String)] = &[
-        ("--web.listen-address", format!("address to serve /metrics on (default {DEFAULT_LISTEN}; port 0 picks a free port, printed at startup)")),
-        ("--web.max-requests", format!("requests in flight before answering 503 (default {DEFAULT_MAX_REQUESTS})")),
-        ("--path.procfs", "procfs mount point (default /proc)".into()),
-        ("--path.sysfs", "sysfs mount point (default /sys)".into()),
-        ("--path.pciids", format!("pci.ids database for controller models (default {DEFAULT_PCI_IDS})")),
-        ("--engine.url", format!("longhaul engine stats API (default {DEFAULT_ENGINE_URL})")),
-        ("--engine.timeout", "connect+read timeout for the stats API (default 2s)".into()),
-        ("--collector.engine.max-streams", format!("stream labels per session; the rest are summed into stream=\"other\" (default {DEFAULT_MAX_STREAMS})")),
-        ("--collector.tcp.ports", format!("TCP port ranges to report, e.g. 7400-7499,5201 (default {DEFAULT_TCP_PORTS})")),
-        ("--collector.tcp.max-flows", format!("per-connection flow slots; the rest are summed into flow=\"other\" (default {DEFAULT_MAX_FLOWS})")),
-        ("--collector.raid.storcli-command", "command printing storcli/perccli JSON (e.g. \"storcli64 /call show J\"); off by default".into()),
-        ("--collector.raid.storcli-timeout", "kill the storcli command after this long (default 10s)".into()),
-        ("--collector.raid.storcli-interval", "rerun the storcli command this often, in the background (default 5m)".into()),
-        ("--collector.<name>", "enable a collector".into()),
-        ("--no-collector.<name>", "disable a collector".into()),
-        ("--collector.disable-defaults", "start from no collectors".into()),
-        ("--help, --version", String::new()),
-    ];
-    for (flag, text) in rows {
-        s.push_str(&format!("  {flag:<36} {text}\n"));
-    }
-    s.push_str("\nCollectors:\n");
-    for c in COLLECTORS {
-        let state = if c.default_enabled { "on" } else { "off" };
-        s.push_str(&format!("  {:<10} [default {state}] {}\n", c.name, c.help));
-    }
-    s
-}
-
-/// Parses `args` (without the program name).
-pub fn parse<I, S>(args: I) -> Result<Command, UsageError>
-where
-    I: IntoIterator<Item = S>,
-    S: Into<String>,
-{
-    let mut cfg = Config::default();
-    let mut switches: Vec<(String, bool)> = Vec::new();
-    let mut disable_defaults = false;
-    let mut args = args.into_iter().map(Into::into);
-    while let Some(arg) = args.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(Command::Help);
-        }
-        if arg == "--version" {
-            return Ok(Command::Version);
-        }
-        let Some(flag) = arg.strip_prefix("--") else {
-            return usage(format!("unexpected argument {arg:?} (flags start with --)"));
-        };
-        let (name, inline) = match flag.split_once('=') {
-            Some((n, v)) => (n.to_string(), Some(v.to_string())),
-            None => (flag.to_string(), None),
-        };
-        if VALUE_FLAGS.contains(&name.as_str()) {
-            let value = match inline {
-                Some(v) => v,
-                None => match args.next() {
-                    Some(v) => v,
-                    None => return usage(format!("--{name} needs a value")),
-                },
-            };
-            set_value(&mut cfg, &name, &value)?;
-            continue;
-        }
-        if name == "collector.disable-defaults" {
-            disable_defaults = parse_bool_switch(&name, inline.as_deref())?;
-            continue;
-        }
-        let (collector, on) = if let Some(c) = name.strip_prefix("no-collector.") {
-            if inline.is_some() {
-                return usage(format!("--{name} takes no value"));
-            }
-            (c, false)
-        } else if let Some(c) = name.strip_prefix("collector.") {
-            (c, parse_bool_switch(&name, inline.as_deref())?)
-        } else {
-            return usage(format!("unknown flag --{name} (see --help)"));
-        };
-        if !COLLECTORS.iter().any(|c| c.name == collector) {
-            let known: Vec<&str> = COLLECTORS.iter().map(|c| c.name).collect();
-            return usage(format!(
-                "unknown collector {collector:?} in --{name}; known collectors: {}",
-                known.join(", ")
-            ));
-        }
-        switches.push((collector.to_string(), on));
-    }
-    if disable_defaults {
-        cfg.collectors.clear();
-    }
-    for (name, on) in switches {
-        cfg.collectors.retain(|c| *c != name);
-        if on {
-            let spec = COLLECTORS.iter().find(|c| c.name == name).expect("checked");
-            cfg.collectors.push(spec.name);
-        }
-    }
-    cfg.collectors.sort_by_key(|name| {
-        COLLECTORS
-            .iter()
-            .position(|c| c.name == *name)
-            .unwrap_or(usize::MAX)
-    });
-    Ok(Command::Run(Box::new(cfg)))
-}
-
-fn parse_bool_switch(name: &str, inline: Option<&str>) -> Result<bool, UsageError> {
-    match inline {
-        None | Some("true") => Ok(true),
-        Some("false") => Ok(false),
-        Some(v) => usage(format!("--{name} is a switch; got value {v:?}")),
-    }
-}
-
-fn set_value(cfg: &mut Config, name: &str, value: &str) -> Result<(), UsageError> {
-    let nonempty = |v: &str| -> Result<String, UsageError> {
-        if v.trim().is_empty() {
-            usage(format!("--{name} must not be empty"))
-        } else {
-            Ok(v.to_string())
-        }
-    };
-    match name {
-        "web.listen-address" => {
-            cfg.listen_address = nonempty(value)?;
-            crate::http::resolve_listen_address(&cfg.listen_address)
-                .map_err(|e| UsageError(format!("--web.listen-address {value:?}: {e}")))?;
-        }
-        "web.max-requests" => cfg.max_requests = parse_count(name, value, 1)?,
-        "path.procfs" => cfg.procfs = nonempty(value)?.into(),
-        "path.sysfs" => cfg.sysfs = nonempty(value)?.into(),
-        "path.pciids" => cfg.pci_ids = nonempty(value)?.into(),
-        "engine.url" => {
-            crate::httpclient::Url::parse(value)
-                .map_err(|e| UsageError(format!("--engine.url {value:?}: {e}")))?;
-            cfg.engine_url = value.to_string();
-        }
-        "engine.timeout" => cfg.engine_timeout = parse_duration(name, value)?,
-        "collector.engine.max-streams" => cfg.max_streams = parse_count(name, value, 1)?,
-        "collector.tcp.ports" => {
-            cfg.tcp_ports = value
-                .parse()
-                .map_err(|e| UsageError(format!("--collector.tcp.ports {value:?}: {e}")))?
-        }
-        "collector.tcp.max-flows" => cfg.max_flows = parse_count(name, value, 1)?,
-        "collector.raid.storcli-command" => {
-            cfg.storcli_command = Some(value.trim().to_string()).filter(|v| !v.is_empty())
-        }
-        "collector.raid.storcli-timeout" => cfg.storcli_timeout = parse_duration(name, value)?,
-        "collector.raid.storcli-interval" => cfg.storcli_interval = parse_duration(name, value)?,
-        _ => unreachable!("VALUE_FLAGS and set_value disagree on {name}"),
-    }
-    Ok(())
-}
-
-fn parse_count(name: &str, value: &str, min: usize) -> Result<usize, UsageError> {
-    match value.parse::<usize>() {
-        Ok(n) if n >= min => Ok(n),
-        _ => usage(format!(
-            "--{name} wants a whole number >= {min}, got {value:?}"
-        )),
-    }
+fn engine_url(v: &str) -> Result<String, String> {
+    crate::httpclient::Url::parse(v)?;
+    Ok(v.to_string())
 }
 
 /// "2s", "500ms", "1m", "1.5" (seconds). Zero is refused: a zero timeout
 /// would fail every scrape.
-pub fn parse_duration(name: &str, value: &str) -> Result<Duration, UsageError> {
-    let v = value.trim();
-    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = v.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = v.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = v.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (v, 1.0)
+fn duration(v: &str) -> Result<Duration, String> {
+    match longhaul_units::parse_duration(v).map_err(|e| e.to_string())? {
+        d if d.is_zero() => Err("must be positive".into()),
+        d => Ok(d),
+    }
+}
+
+fn port_ranges(v: &str) -> Result<PortRanges, String> {
+    v.parse()
+}
+
+/// Argument ids of a collector's two switches.
+fn switch_ids(name: &str) -> (String, String) {
+    (format!("collector.{name}"), format!("no-collector.{name}"))
+}
+
+/// The whole command line: the fixed flags and every collector's switches.
+pub fn command() -> clap::Command {
+    let mut cmd = Flags::command();
+    let mut listing = String::from("Collectors:\n");
+    for c in COLLECTORS {
+        let (on, off) = switch_ids(c.name);
+        let state = if c.default_enabled { "on" } else { "off" };
+        listing.push_str(&format!("  {:<10} [default {state}] {}\n", c.name, c.help));
+        cmd = cmd
+            .arg(
+                Arg::new(on.clone())
+                    .long(on.clone())
+                    .help(format!("Enable the {} collector", c.name))
+                    .value_name("BOOL")
+                    .num_args(0..=1)
+                    .require_equals(true)
+                    .default_missing_value("true")
+                    .value_parser(clap::value_parser!(bool))
+                    .overrides_with(off.clone()),
+            )
+            .arg(
+                Arg::new(off.clone())
+                    .long(off)
+                    .help(format!("Disable the {} collector", c.name))
+                    .action(ArgAction::SetTrue)
+                    .overrides_with(on),
+            );
+    }
+    cmd.after_help(listing)
+}
+
+/// Parses `args` (with the program name first) into a [`Config`].
+pub fn parse<I, S>(args: I) -> Result<Config, clap::Error>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<std::ffi::OsString> + Clone,
+{
+    let mut cmd = command();
+    let matches = cmd
+        .try_get_matches_from_mut(args)
+        .map_err(|e| name_unknown_collector(e, &mut cmd))?;
+    let flags = Flags::from_arg_matches(&matches)?;
+    Ok(config(flags, &matches))
+}
+
+/// `--collector.nosuch` is an unknown collector, not just an unknown flag:
+/// say so and list the known ones.
+fn name_unknown_collector(e: clap::Error, cmd: &mut clap::Command) -> clap::Error {
+    if e.kind() != ErrorKind::UnknownArgument {
+        return e;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return e;
     };
-    match num.parse::<f64>() {
-        Ok(x) if x.is_finite() && x > 0.0 && x * scale < 1e9 => {
-            Ok(Duration::from_secs_f64(x * scale))
+    let flag = arg.split('=').next().unwrap_or(arg);
+    let name = flag
+        .strip_prefix("--collector.")
+        .or_else(|| flag.strip_prefix("--no-collector."));
+    match name {
+        Some(name) if !name.contains('.') => {
+            let known: Vec<&str> = COLLECTORS.iter().map(|c| c.name).collect();
+            cmd.error(
+                ErrorKind::UnknownArgument,
+                format!(
+                    "unknown collector {name:?} in {flag}; known collectors: {}",
+                    known.join(", ")
+                ),
+            )
         }
-        _ => usage(format!(
-            "--{name} wants a positive duration like 2s, 500ms or 5m, got {value:?}"
-        )),
+        _ => e,
+    }
+}
+
+fn config(flags: Flags, matches: &ArgMatches) -> Config {
+    let d = Config::default();
+    let mut collectors: Vec<&'static str> = if flags.disable_defaults == Some(true) {
+        Vec::new()
+    } else {
+        COLLECTORS
+            .iter()
+            .filter(|c| c.default_enabled)
+            .map(|c| c.name)
+            .collect()
+    };
+    for c in COLLECTORS {
+        let (on, off) = switch_ids(c.name);
+        let wanted = match matches.get_one::<bool>(&on) {
+            Some(&v) => Some(v),
+            None if matches.get_flag(&off) => Some(false),
+            None => None,
+        };
+        match wanted {
+            Some(true) if !collectors.contains(&c.name) => collectors.push(c.name),
+            Some(false) => collectors.retain(|n| *n != c.name),
+            _ => {}
+        }
+    }
+    collectors.sort_by_key(|name| COLLECTORS.iter().position(|c| c.name == *name));
+    Config {
+        listen_address: flags.listen_address.unwrap_or(d.listen_address),
+        max_requests: flags.max_requests.unwrap_or(d.max_requests),
+        procfs: flags.procfs.unwrap_or(d.procfs),
+        sysfs: flags.sysfs.unwrap_or(d.sysfs),
+        pci_ids: flags.pci_ids.unwrap_or(d.pci_ids),
+        engine_url: flags.engine_url.unwrap_or(d.engine_url),
+        engine_timeout: flags.engine_timeout.unwrap_or(d.engine_timeout),
+        max_streams: flags.max_streams.unwrap_or(d.max_streams),
+        tcp_ports: flags.tcp_ports.unwrap_or(d.tcp_ports),
+        max_flows: flags.max_flows.unwrap_or(d.max_flows),
+        storcli_command: flags
+            .storcli_command
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty()),
+        storcli_timeout: flags.storcli_timeout.unwrap_or(d.storcli_timeout),
+        storcli_interval: flags.storcli_interval.unwrap_or(d.storcli_interval),
+        collectors,
     }
 }
 
@@ -315,11 +235,13 @@ pub fn parse_duration(name: &str, value: &str) -> Result<Duration, UsageError> {
 mod tests {
     use super::*;
 
-    fn run(args: &[&str]) -> Result<Config, UsageError> {
-        match parse(args.iter().copied())? {
-            Command::Run(cfg) => Ok(*cfg),
-            other => panic!("{other:?}"),
-        }
+    fn run(args: &[&str]) -> Result<Config, clap::Error> {
+        parse(std::iter::once("longhaul-exporter").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_clap_definition_is_consistent() {
+        command().debug_assert();
     }
 
     #[test]
@@ -332,6 +254,26 @@ mod tests {
         assert!(cfg.tcp_ports.contains(7400) && cfg.tcp_ports.contains(7499));
         assert!(!cfg.tcp_ports.contains(7500));
         assert_eq!(cfg.collectors, vec!["engine", "raid", "tcp"]);
+    }
+
+    #[test]
+    fn the_help_states_the_real_defaults() {
+        let help = command().render_help().to_string();
+        let d = Config::default();
+        for text in [
+            format!("default {}", d.listen_address),
+            format!("default {}", d.max_requests),
+            format!("default {}", d.engine_url),
+            format!("default {}s", d.engine_timeout.as_secs()),
+            format!("default {}", d.max_streams),
+            format!("default {}", d.max_flows),
+            format!("default {DEFAULT_TCP_PORTS}"),
+            format!("default {}s", d.storcli_timeout.as_secs()),
+            format!("default {}m", d.storcli_interval.as_secs() / 60),
+            format!("default {DEFAULT_PCI_IDS}"),
+        ] {
+            assert!(help.contains(&text), "help lacks {text:?}:\n{help}");
+        }
     }
 
     #[test]
@@ -350,6 +292,13 @@ mod tests {
         assert!(cfg.tcp_ports.contains(5201) && cfg.tcp_ports.contains(7001));
         let cfg = run(&["--collector.disable-defaults", "--collector.raid"]).unwrap();
         assert_eq!(cfg.collectors, vec!["raid"]);
+        let cfg = run(&["--collector.raid=false"]).unwrap();
+        assert_eq!(cfg.collectors, vec!["engine", "tcp"]);
+        // The last switch of a collector wins.
+        let cfg = run(&["--no-collector.tcp", "--collector.tcp"]).unwrap();
+        assert_eq!(cfg.collectors, vec!["engine", "raid", "tcp"]);
+        let cfg = run(&["--collector.tcp", "--no-collector.tcp"]).unwrap();
+        assert_eq!(cfg.collectors, vec!["engine", "raid"]);
     }
 
     #[test]
@@ -369,20 +318,13 @@ mod tests {
             &["--web.listen-address=nohost"],
             &["--collector.raid=maybe"],
         ] {
-            assert!(run(bad).is_err(), "{bad:?} accepted");
+            let e = run(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?} accepted");
         }
-        let err = run(&["--collector.nosuch"]).unwrap_err();
-        assert!(err.0.contains("unknown collector \"nosuch\""), "{err}");
-        assert!(err.0.contains("engine, raid, tcp"), "{err}");
-    }
-
-    #[test]
-    fn durations() {
-        let d = |v| parse_duration("x", v).unwrap();
-        assert_eq!(d("2s"), Duration::from_secs(2));
-        assert_eq!(d("250ms"), Duration::from_millis(250));
-        assert_eq!(d("5m"), Duration::from_secs(300));
-        assert_eq!(d("1.5"), Duration::from_millis(1500));
-        assert!(parse_duration("x", "-1s").is_err());
+        let err = run(&["--collector.nosuch"]).unwrap_err().to_string();
+        assert!(err.contains("unknown collector \"nosuch\""), "{err}");
+        assert!(err.contains("engine, raid, tcp"), "{err}");
+        let err = run(&["--collector.tcp.portz=1"]).unwrap_err().to_string();
+        assert!(err.contains("'--collector.tcp.ports'"), "suggestion: {err}");
     }
 }

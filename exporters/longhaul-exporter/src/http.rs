@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use longhaul_http_serve::{Limits, Response, Server};
 
-use crate::collector::Exporter;
 use crate::metrics::{self, Format};
+use crate::scrape::Exporter;
 
 /// Request head size limit; real scrape requests are ~300 bytes.
 pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
@@ -169,7 +169,7 @@ fn answer(req: &longhaul_http_serve::Request, exporter: &Exporter) -> Response {
         "/" => Response::new(200, "text/html; charset=utf-8", INDEX),
         "/metrics" => {
             let format = Format::from_accept(req.header("accept"));
-            let body = metrics::encode(&exporter.scrape(), format);
+            let body = metrics::encode(exporter.scrape(), format);
             Response::new(200, format.content_type(), body)
         }
         _ => Response::text(404, "not found; metrics are at /metrics\n"),

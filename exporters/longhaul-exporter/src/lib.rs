@@ -2,21 +2,26 @@
 //! program's TCP flows on the transfer ports, and for disk IO per RAID
 //! controller.
 //!
-//! Layers: [`cli`] turns flags into a [`cli::Config`]; [`collector`] holds
-//! the registry and runs a scrape; [`collectors`] are the collectors (one
-//! file each) built on [`sock_diag`] (with [`flows`] for stable TCP series),
-//! [`diskstats`], [`httpclient`] and [`storcli`]; [`metrics`] encodes a
-//! scrape; [`http`] serves it.
+//! Layers, bottom to top: [`config`] holds every setting and [`metrics`]
+//! the scrape's model and its encoding (prometheus-client); [`collector`]
+//! says what a collector is; the collectors ([`collectors`], one file each)
+//! read the configuration and are built on [`sock_diag`] (with [`flows`]
+//! for stable TCP series), [`diskstats`], [`ports`], [`httpclient`] and
+//! [`storcli`]; [`scrape`] holds their
+//! registry and runs a scrape; [`http`] serves it; [`cli`] turns flags into
+//! a [`config::Config`]. No collector imports the CLI or the registry.
 
 pub mod cli;
 pub mod collector;
 pub mod collectors;
+pub mod config;
 pub mod diskstats;
 pub mod flows;
 pub mod http;
 pub mod httpclient;
 pub mod metrics;
 pub mod ports;
+pub mod scrape;
 pub mod sock_diag;
 pub mod storcli;
 

@@ -5,26 +5,14 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use longhaul_exporter::cli::{self, Command};
-use longhaul_exporter::collector::Exporter;
-use longhaul_exporter::{http, log};
+use longhaul_exporter::config::Config;
+use longhaul_exporter::scrape::Exporter;
+use longhaul_exporter::{cli, http, log};
 
 fn main() -> ExitCode {
-    let cfg = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Run(cfg)) => cfg,
-        Ok(Command::Help) => {
-            print!("{}", cli::help_text());
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Version) => {
-            println!("longhaul-exporter {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("longhaul-exporter: {e}\nTry 'longhaul-exporter --help'.");
-            return ExitCode::from(2);
-        }
-    };
+    // Help and version exit 0, usage errors 2 (clap's message, with a
+    // suggestion for a misspelt flag).
+    let cfg = cli::parse(std::env::args_os()).unwrap_or_else(|e| e.exit());
     match run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -34,7 +22,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cfg: &cli::Config) -> anyhow::Result<()> {
+fn run(cfg: &Config) -> anyhow::Result<()> {
     // The HTTP pools, not the default descriptor limit, decide how many
     // clients are held.
     let _ = longhaul_admission::raise_open_files_limit();

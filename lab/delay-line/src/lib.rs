@@ -10,8 +10,8 @@
 //! TUN device ([`tun`]) when due, where the kernel forwards them on to the
 //! other site. With `--offload`, [`frame`] reads the virtio-net header of TCP
 //! super-packets to charge their true wire size. [`stats`] counts what happened; [`probe`] is a UDP RTT check
-//! for hosts without ping; [`cli`] parses the command line and [`run`] ties
-//! it all together.
+//! for hosts without ping; [`run`] ties it all together from its
+//! [`run::RunConfig`], which [`cli`] (clap) fills from the command line.
 //!
 //! ```text
 //! site A --ethA--> [rule iif ethA -> tunA] --read--> delay+pace --write--> tunB --main table--> ethB --> site B
@@ -30,6 +30,5 @@ pub mod run;
 pub mod schedule;
 pub mod stats;
 pub mod tun;
-pub mod units;
 
 pub use error::{Error, Result};

@@ -5,15 +5,12 @@ use longhaul_delay::cli::{self, Command};
 use longhaul_delay::{probe, run, Error};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match cli::parse(&args) {
-        Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
-            Ok(())
-        }
-        Ok(Command::Run(cfg)) => run::run(&cfg),
-        Ok(Command::Echo { listen }) => probe::echo(listen),
-        Ok(Command::Probe { config, json }) => probe::probe(&config).and_then(|s| {
+    // Help and version exit 0; clap's usage errors exit 2.
+    let parsed = cli::parse(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    let result = parsed.and_then(|command| match command {
+        Command::Run(cfg) => run::run(&cfg),
+        Command::Echo { listen } => probe::echo(listen),
+        Command::Probe { config, json } => probe::probe(&config).and_then(|s| {
             println!("{}", if json { s.to_json() } else { s.to_text() });
             if s.received == 0 {
                 return Err(Error::Io {
@@ -23,12 +20,11 @@ fn main() {
             }
             Ok(())
         }),
-        Err(e) => Err(e),
-    };
+    });
     if let Err(e) = result {
         eprintln!("longhaul-delay: {e}");
         if matches!(e, Error::Usage(_)) {
-            eprintln!("{}", cli::USAGE);
+            eprintln!("(see longhaul-delay --help)");
             std::process::exit(2);
         }
         std::process::exit(1);

@@ -4,7 +4,6 @@
 //! print the final counters. The TUN devices vanish when their descriptors
 //! close at the end.
 
-use crate::cli::RunConfig;
 use crate::error::{Error, Result};
 use crate::forward::Direction;
 use crate::routing::{self, Plan};
@@ -16,6 +15,40 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+/// Settings of the delay line itself.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub dev_a: String,
+    pub dev_b: String,
+    pub delay: Duration,
+    pub rate_bps: u64,
+    /// `None`: derived from rate and delay.
+    pub queue_limit: Option<u64>,
+    pub mtu: u32,
+    pub txqueuelen: u32,
+    pub sites: Option<(String, String)>,
+    pub table_a: u32,
+    pub table_b: u32,
+    pub rule_priority: u32,
+    pub stats_interval: Duration,
+    pub realtime_priority: i32,
+    /// GSO/checksum offload on the TUN devices (see `frame`).
+    pub offload: bool,
+}
+
+/// Smallest MTU IPv4 allows; largest a TUN device takes.
+pub const MTU_RANGE: std::ops::RangeInclusive<u32> = 68..=65535;
+/// Default TUN transmit queue: packets the kernel may queue for us while the
+/// forwarding thread is descheduled (the default 500 is 6 ms at 1 Gb/s).
+pub const DEFAULT_TXQUEUELEN: u32 = 10_000;
+/// SCHED_FIFO priority of the forwarding threads. Real time because a WAN
+/// emulator must release packets on time even when the router's CPUs are
+/// busy (on a loaded 2-core machine the normal scheduler let releases slip
+/// by milliseconds and capped 1 Gb/s at 0.3-0.6 Gb/s); low within the RT range
+/// so kernel threads (priority 50) still come first. The threads sleep
+/// whenever nothing is due, and the kernel's RT throttling bounds them.
+pub const DEFAULT_REALTIME_PRIORITY: i32 = 10;
 
 /// Queue limit without a rate (nothing to derive it from).
 const DEFAULT_UNPACED_LIMIT: u64 = 32 << 20;

@@ -4,8 +4,9 @@
 //! the namespaces this test creates; names carry the test's pid so parallel
 //! runs do not collide, and everything is removed even when a check fails.
 //!
-//! Needs root, /dev/net/tun and iproute2 (skipped with a message
-//! otherwise); the throughput check also needs iperf3.
+//! Needs root, /dev/net/tun, iproute2 and (for the throughput checks)
+//! iperf3, as CI has; elsewhere the tests fail saying what is missing, or
+//! skip with LONGHAUL_ALLOW_SKIP=1 (longhaul-testkit).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -22,7 +23,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 const BIN: &str = env!("CARGO_BIN_EXE_longhaul-delay");
 
-fn skip_reason() -> Option<String> {
+/// What this machine lacks for these tests, if anything.
+fn missing() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
@@ -34,10 +36,6 @@ fn skip_reason() -> Option<String> {
         return Some("no iproute2".into());
     }
     None
-}
-
-fn have_iperf3() -> bool {
-    Command::new("iperf3").arg("--version").output().is_ok()
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -209,8 +207,8 @@ fn total(stderr: &str, direction: &str, key: &str) -> u64 {
 
 #[test]
 fn round_trip_time_is_twice_the_one_way_delay() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    if let Some(why) = missing() {
+        longhaul_testkit::cannot_run(&why);
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -280,12 +278,9 @@ fn round_trip_time_is_twice_the_one_way_delay() {
 /// Runs iperf3 from site A to site B through a 200 Mb/s bottleneck and
 /// returns the delay line's final counters.
 fn paced_throughput(tag: &str, extra: &[&str]) -> Option<String> {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    if !have_iperf3() {
-        eprintln!("skipped: no iperf3");
+    let iperf3 = Command::new("iperf3").arg("--version").output().is_ok();
+    if let Some(why) = missing().or((!iperf3).then(|| "no iperf3".to_string())) {
+        longhaul_testkit::cannot_run(&why);
         return None;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

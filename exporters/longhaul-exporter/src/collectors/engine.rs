@@ -22,8 +22,8 @@ use std::time::Duration;
 use anyhow::Context;
 use longhaul_stats_api::{Direction, Mode, Session, Snapshot, SESSIONS_PATH};
 
-use crate::cli::Config;
 use crate::collector::{Collector, CollectorSpec};
+use crate::config::Config;
 use crate::httpclient::{self, Url};
 use crate::metrics::Family;
 

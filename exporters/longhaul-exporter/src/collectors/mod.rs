@@ -1,4 +1,5 @@
-//! The collectors, one file each; registered in [`crate::collector::COLLECTORS`].
+//! The collectors, one file each, each a [`crate::collector::Collector`]
+//! with its `SPEC`; registered in scrape.rs.
 
 pub mod engine;
 pub mod raid;

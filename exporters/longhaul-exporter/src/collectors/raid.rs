@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use longhaul_topology::{self as topology, ControllerInfo, Disk, MdArray, DISKSTATS_SECTOR_BYTES};
 
-use crate::cli::Config;
 use crate::collector::{Collector, CollectorSpec};
+use crate::config::Config;
 use crate::diskstats;
 use crate::metrics::Family;
 use crate::storcli::Storcli;

@@ -23,10 +23,10 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::cli::Config;
 use crate::collector::{Collector, CollectorSpec};
 use crate::collectors::engine::{self, EngineApi};
 use crate::flows::{FlowBook, FlowKey, GroupKey, Observed};
+use crate::config::Config;
 use crate::metrics::Family;
 use crate::ports::PortRanges;
 use crate::sock_diag::{self, TcpSocket};

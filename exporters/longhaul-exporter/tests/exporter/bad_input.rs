@@ -145,6 +145,44 @@ fn engine_garbage_is_success_0_logged_once() {
     }
 }
 
+/// Peak resident memory of a process, bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    kib * 1024
+}
+
+#[test]
+fn an_engine_that_never_stops_talking_costs_a_bounded_answer() {
+    let engine = FakeEngine::start(Behaviour::Endless);
+    let exp = Exporter::start(&[
+        engine.url(),
+        "--engine.timeout=30s".into(),
+        "--no-collector.raid".into(),
+    ]);
+    let start = Instant::now();
+    for _ in 0..2 {
+        let s = exp.scrape();
+        assert_eq!(success(&s, "engine"), 0.0);
+        assert_eq!(success(&s, "tcp"), 1.0);
+    }
+    // Cut at the 64 MiB limit long before the 30 s timeout; never more
+    // than the limit (plus the exporter itself) held.
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(exp.log_text().contains("larger than"), "{}", exp.log_text());
+    let peak = peak_rss(exp.child.id());
+    assert!(peak < 200 << 20, "peak RSS {} MiB", peak >> 20);
+}
+
 #[test]
 fn a_hanging_engine_times_out_and_the_scrape_is_served() {
     let engine = FakeEngine::start(Behaviour::Hang);
@@ -181,9 +219,16 @@ fn unknown_collectors_and_bad_flags_exit_2_with_a_clear_message() {
     assert!(err.contains("engine, raid, tcp"), "{err}");
     for (args, needle) in [
         (&["--no-collector.bogus"][..], "unknown collector"),
-        (&["--frobnicate"], "unknown flag --frobnicate"),
+        (&["--frobnicate"], "unexpected argument '--frobnicate'"),
         (&["--collector.tcp.ports=1-x"], "--collector.tcp.ports"),
-        (&["--web.listen-address"], "needs a value"),
+        (
+            &["--collector.tcp.port=1"],
+            "a similar argument exists: '--collector.tcp.ports'",
+        ),
+        (
+            &["--web.listen-address"],
+            "a value is required for '--web.listen-address",
+        ),
         (&["--engine.url=ftp://x"], "--engine.url"),
         (&["--engine.timeout=soon"], "--engine.timeout"),
         (&["stray"], "unexpected argument"),
@@ -192,8 +237,17 @@ fn unknown_collectors_and_bad_flags_exit_2_with_a_clear_message() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-    let (code, _) = run_exit(&["--help"]);
-    assert_eq!(code, 0);
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&help.stdout);
+    for own in [
+        "--web.listen-address",
+        "--collector.tcp.ports",
+        "--no-collector.raid",
+        "Collectors:",
+    ] {
+        assert!(text.contains(own), "--help lacks {own}:\n{text}");
+    }
 }
 
 #[test]

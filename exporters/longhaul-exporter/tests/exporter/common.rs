@@ -13,7 +13,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_longhaul-exporter");
 
 /// The fixture disk server shared with crates/topology.
 pub fn server_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/topology/tests/fixtures/server")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs-server")
 }
 
 pub fn exporter_fixtures() -> PathBuf {
@@ -140,6 +140,8 @@ pub enum Behaviour {
     Raw(Vec<u8>),
     /// Accept, read, never answer (until the fake is dropped).
     Hang,
+    /// 200 and a chunked body that never ends (until the client leaves).
+    Endless,
 }
 
 /// A fake engine stats API on 127.0.0.1:0, stopped on drop.
@@ -177,6 +179,19 @@ impl FakeEngine {
                                 let _ = s.write_all(r);
                             }
                             Behaviour::Hang => held.push(s),
+                            Behaviour::Endless => {
+                                std::thread::spawn(move || {
+                                    let chunk = vec![b' '; 1 << 20];
+                                    let _ = s.write_all(
+                                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                    );
+                                    while write!(s, "{:x}\r\n", chunk.len())
+                                        .and_then(|_| s.write_all(&chunk))
+                                        .and_then(|_| s.write_all(b"\r\n"))
+                                        .is_ok()
+                                    {}
+                                });
+                            }
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),

@@ -1,0 +1,55 @@
+//! What a test does when the machine lacks something it needs (root, a
+//! tmpfs, network namespaces, a congestion control the kernel allows only
+//! to root): it calls [`cannot_run`] and returns.
+//!
+//! By default that is a failure: CI runs as root on a machine that has all
+//! of it, so a test that cannot run there is a broken test, not a skipped
+//! one, and `cargo test` never reports success for work it did not do. On
+//! a developer's machine without root, `LONGHAUL_ALLOW_SKIP=1 cargo test`
+//! turns these failures into a `skipped: <why>` line on stderr.
+
+/// The environment variable that allows skipping.
+pub const ALLOW_SKIP: &str = "LONGHAUL_ALLOW_SKIP";
+
+/// Whether skipping is allowed here ([`ALLOW_SKIP`] set, not `0`).
+pub fn skipping_allowed() -> bool {
+    std::env::var_os(ALLOW_SKIP).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The calling test cannot run here because `why`. Panics (the test
+/// fails), unless skipping is allowed; then prints `skipped: <why>` and
+/// returns, and the caller returns too.
+#[track_caller]
+pub fn cannot_run(why: &str) {
+    if skipping_allowed() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    panic!("this test cannot run here: {why} (set {ALLOW_SKIP}=1 to skip such tests on a machine without it)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test touches the variable, so no other test sees it change.
+    #[test]
+    fn a_test_that_cannot_run_fails_unless_skipping_is_allowed() {
+        std::env::remove_var(ALLOW_SKIP);
+        let failed = std::panic::catch_unwind(|| cannot_run("no tmpfs"));
+        let message = failed.expect_err("must fail by default");
+        let text = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            text.contains("no tmpfs") && text.contains(ALLOW_SKIP),
+            "{text}"
+        );
+        std::env::set_var(ALLOW_SKIP, "0");
+        assert!(std::panic::catch_unwind(|| cannot_run("x")).is_err());
+        std::env::set_var(ALLOW_SKIP, "1");
+        cannot_run("no tmpfs");
+        std::env::remove_var(ALLOW_SKIP);
+    }
+}

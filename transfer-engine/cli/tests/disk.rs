@@ -1,0 +1,687 @@
+//! Disk-to-disk integration tests: the real `longhaul` binary on loopback,
+//! port 0. Every test builds its own trees under a temp dir, starts its own
+//! server and cleans up after itself (servers are killed on drop, mounts are
+//! unmounted on drop).
+
+mod support;
+
+use std::fs::{self, File, FileTimes};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::{Output, Running, Scratch, Server, RUN_TIMEOUT};
+
+const MIB: u64 = 1 << 20;
+
+// ------------------------------------------------------------ helpers
+
+impl Output {
+    /// The last JSON line of stdout (`send --json`).
+    fn json(&self) -> serde_json::Value {
+        let last = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no JSON in stdout {:?}; stderr {:?}",
+                    self.stdout, self.stderr
+                )
+            });
+        serde_json::from_str(last).unwrap()
+    }
+}
+
+/// Starts `longhaul send ARGS...`.
+fn spawn_send(args: &[&str]) -> Running {
+    let mut all = vec!["send"];
+    all.extend_from_slice(args);
+    support::spawn(&all)
+}
+
+/// Runs `longhaul send ARGS...` to completion.
+fn send(args: &[&str]) -> Output {
+    spawn_send(args).wait(RUN_TIMEOUT)
+}
+
+/// Deterministic, chunk-varying contents.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+fn set_mtime(path: &Path, secs: u64, nanos: u32) {
+    let t = UNIX_EPOCH + Duration::new(secs, nanos);
+    File::open(path)
+        .unwrap()
+        .set_times(FileTimes::new().set_modified(t).set_accessed(t))
+        .unwrap();
+}
+
+fn same_contents(a: &Path, b: &Path) -> bool {
+    let (fa, fb) = (File::open(a).unwrap(), File::open(b).unwrap());
+    let (mut ba, mut bb) = (vec![0u8; MIB as usize], vec![0u8; MIB as usize]);
+    let mut off = 0;
+    loop {
+        let na = fa.read_at(&mut ba, off).unwrap();
+        let nb = fb.read_at(&mut bb, off).unwrap();
+        if na != nb || ba[..na] != bb[..nb] {
+            return false;
+        }
+        if na == 0 {
+            return true;
+        }
+        off += na as u64;
+    }
+}
+
+/// Contents, sizes, modes, mtimes (to the nanosecond) and entries of two
+/// trees are equal.
+fn assert_same_tree(a: &Path, b: &Path) {
+    let (ma, mb) = (
+        fs::symlink_metadata(a).unwrap(),
+        fs::symlink_metadata(b).unwrap(),
+    );
+    let what = b.display();
+    assert_eq!(ma.is_dir(), mb.is_dir(), "kind of {what}");
+    assert_eq!(
+        ma.permissions().mode() & 0o7777,
+        mb.permissions().mode() & 0o7777,
+        "mode of {what}"
+    );
+    assert_eq!(
+        (ma.mtime(), ma.mtime_nsec()),
+        (mb.mtime(), mb.mtime_nsec()),
+        "mtime of {what}"
+    );
+    if ma.is_dir() {
+        let names = |p: &Path| {
+            let mut v: Vec<_> = fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        let (na, nb) = (names(a), names(b));
+        assert_eq!(na, nb, "entries of {what}");
+        for n in na {
+            assert_same_tree(&a.join(&n), &b.join(&n));
+        }
+    } else {
+        assert_eq!(ma.len(), mb.len(), "size of {what}");
+        assert!(same_contents(a, b), "contents of {what}");
+    }
+}
+
+// ------------------------------------------------------------ tests
+
+#[test]
+fn tree_with_edge_cases_arrives_bit_identical() {
+    let t = Scratch::new("tree");
+    let top = t.0.join("src/tree");
+    let deep = top.join("d01/d02/d03/d04/d05/d06/d07/d08/d09/d10/d11/d12");
+    fs::create_dir_all(&deep).unwrap();
+    fs::create_dir_all(top.join("empty-dir/also-empty")).unwrap();
+    fs::write(top.join("zero-bytes"), b"").unwrap();
+    fs::write(top.join("one-byte"), b"x").unwrap();
+    fs::write(top.join("unaligned.bin"), pattern((MIB + 7) as usize, 1)).unwrap();
+    fs::write(top.join("Grüße, 世界 🚀.txt"), "unicode name\n").unwrap();
+    fs::write(deep.join("deep.bin"), pattern(4099, 2)).unwrap();
+    // 1 GiB apparent size, a few real bytes: holes must not cross the wire.
+    let sparse = File::create(top.join("sparse.img")).unwrap();
+    sparse.set_len(1 << 30).unwrap();
+    sparse.write_at(b"head", 0).unwrap();
+    sparse.write_at(b"middle", 300 * MIB + 5).unwrap();
+    sparse.write_at(b"tail", (1 << 30) - 4).unwrap();
+    drop(sparse);
+    fs::set_permissions(top.join("one-byte"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(top.join("unaligned.bin"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(top.join("empty-dir"), fs::Permissions::from_mode(0o750)).unwrap();
+    for (i, f) in ["zero-bytes", "one-byte", "unaligned.bin", "sparse.img"]
+        .iter()
+        .enumerate()
+    {
+        set_mtime(&top.join(f), 1_600_000_000 + i as u64, 123_456_789);
+    }
+    set_mtime(&top.join("empty-dir/also-empty"), 1_500_000_000, 7);
+    set_mtime(&top.join("empty-dir"), 1_500_000_001, 8);
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let out = send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "4",
+        // O_DIRECT on both ends (buffered where the file system refuses):
+        // unaligned tails and holes must survive it.
+        "--direct",
+        "--json",
+        top.to_str().unwrap(),
+        "--dest",
+        "in/coming",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let j = out.json();
+    assert_eq!(j["mode"], "disk");
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["count"], 6, "{j}");
+    assert!(
+        j["bytes"].as_u64().unwrap() < 16 * MIB,
+        "holes were sent: {j}"
+    );
+    let devices = j["devices"].as_array().unwrap();
+    assert!(
+        devices.iter().any(|d| d["side"] == "sender"
+            && d["controller"].is_string()
+            && d["read_bytes"].as_u64() > Some(MIB)),
+        "{j}"
+    );
+    assert!(
+        devices.iter().any(|d| d["side"] == "receiver"
+            && d["controller"].is_string()
+            && d["written_bytes"].as_u64() > Some(MIB)),
+        "{j}"
+    );
+    // The stats API keeps the finished session, with its device counters.
+    let snap = server.sessions();
+    let session = &snap["sessions"][0];
+    assert_eq!(session["mode"], "disk", "{snap}");
+    let dev = &session["devices"][0];
+    assert!(
+        dev["controller"].is_string() && dev["written_bytes"].as_u64() > Some(MIB),
+        "{snap}"
+    );
+    let got = root.join("in/coming/tree");
+    assert_same_tree(&top, &got);
+    let blocks = fs::metadata(got.join("sparse.img")).unwrap().blocks();
+    assert!(
+        blocks * 512 < 64 * MIB,
+        "the sparse file was filled on the receiver ({blocks} blocks)"
+    );
+    // No temporary files or sidecars are left behind.
+    let leftovers = walk_names(&root)
+        .into_iter()
+        .filter(|n| n.contains(".longhaul-"))
+        .count();
+    assert_eq!(leftovers, 0);
+}
+
+fn walk_names(p: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(p).unwrap() {
+        let e = e.unwrap();
+        out.push(e.file_name().to_string_lossy().into_owned());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_names(&e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn resume_after_receiver_kill_sends_less() {
+    let t = Scratch::new("resume");
+    let top = t.0.join("src/data");
+    fs::create_dir_all(&top).unwrap();
+    let sizes = [24 * MIB + 3, 24 * MIB, 24 * MIB + MIB / 2];
+    for (i, s) in sizes.iter().enumerate() {
+        fs::write(
+            top.join(format!("f{i}.bin")),
+            pattern(*s as usize, i as u32 + 10),
+        )
+        .unwrap();
+    }
+    let total: u64 = sizes.iter().sum();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let mut server = Server::with_root(&root);
+    // 400 Mb/s: the 72 MiB take ~1.5 s, so the kill lands mid-transfer.
+    let first = spawn_send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--rate",
+        "400M",
+        "--json",
+        top.to_str().unwrap(),
+    ]);
+    let end = Instant::now() + Duration::from_secs(20);
+    let has_sidecar = |root: &Path| {
+        walk_names(root)
+            .iter()
+            .any(|n| n.ends_with(".longhaul-state"))
+    };
+    while !has_sidecar(&root) {
+        assert!(Instant::now() < end, "no progress was saved");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.kill();
+    let first = first.wait(RUN_TIMEOUT);
+    assert_eq!(
+        first.code,
+        Some(1),
+        "the first run must fail: {}",
+        first.stderr
+    );
+    // Restart the receiver on the same root and run the same command again.
+    let server = Server::with_root(&root);
+    let second = send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--json",
+        top.to_str().unwrap(),
+    ]);
+    assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
+    let j = second.json();
+    // A file the first run completed is skipped on size and mtime: it is
+    // there, but this run did not compare its content, so only a run that
+    // sent (or compared) everything may say "verified".
+    let unverified = j["files"]["skipped_unverified"].as_u64().unwrap();
+    assert_eq!(j["files"]["verified"], unverified == 0, "{j}");
+    assert_eq!(j["files"]["count"], 3);
+    assert_eq!(
+        j["files"]["sent"].as_u64().unwrap() + j["files"]["skipped"].as_u64().unwrap(),
+        3,
+        "{j}"
+    );
+    let sent = j["bytes"].as_u64().unwrap();
+    assert!(
+        sent < total,
+        "resume sent {sent} of {total} bytes: nothing was resumed ({j})"
+    );
+    assert!(
+        j["files"]["resumed"].as_u64().unwrap() + j["files"]["skipped"].as_u64().unwrap() >= 1,
+        "{j}"
+    );
+    assert_same_tree(&top, &root.join("data"));
+    assert!(!walk_names(&root).iter().any(|n| n.contains(".longhaul-")));
+    // --checksum compares every file's content: nothing to send, verified.
+    let third = send(&[
+        "--to",
+        &server.addr(),
+        "--checksum",
+        "--json",
+        top.to_str().unwrap(),
+    ]);
+    assert_eq!(third.code, Some(0), "stderr: {}", third.stderr);
+    let j = third.json();
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["skipped"], 3, "{j}");
+    assert_eq!(j["files"]["skip_check"], "checksum", "{j}");
+    assert_eq!(j["bytes"], 0, "{j}");
+}
+
+/// A tmpfs mounted for one test, unmounted on drop.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn full_filesystem_names_the_file_and_server_survives() {
+    let t = Scratch::new("full");
+    let root = t.0.join("root");
+    let small = root.join("small");
+    fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&small)
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !mounted {
+        longhaul_testkit::cannot_run("cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let _mount = Mount(small.clone());
+    let src = t.0.join("src/big");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("part-a.bin"), pattern((6 * MIB) as usize, 3)).unwrap();
+    fs::write(src.join("part-b.bin"), pattern((14 * MIB) as usize, 4)).unwrap();
+    let mut server = Server::with_root(&root);
+    let out = send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "2",
+        src.to_str().unwrap(),
+        "--dest",
+        "small",
+    ]);
+    assert_eq!(
+        out.code,
+        Some(1),
+        "stdout {} stderr {}",
+        out.stdout,
+        out.stderr
+    );
+    let err = out.stderr.to_lowercase();
+    assert!(
+        err.contains("disk full") && err.contains("no space"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("part-b.bin"),
+        "the error must name the file: {}",
+        out.stderr
+    );
+    // The server keeps serving.
+    assert!(server.is_running(), "server died: {}", server.stderr());
+    let ok = send(&[
+        "--to",
+        &server.addr(),
+        src.join("part-a.bin").to_str().unwrap(),
+        "--dest",
+        "elsewhere",
+    ]);
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+    assert!(same_contents(
+        &src.join("part-a.bin"),
+        &root.join("elsewhere/part-a.bin")
+    ));
+}
+
+/// Speaks the control protocol by hand to send manifests the real client
+/// never would.
+mod crafted {
+    use super::*;
+    use longhaul_engine::auth::{random_bytes, to_hex, NONCE_LEN};
+    use longhaul_engine::connection::Connection;
+    use longhaul_engine::messages::{Auth, Direction, Hello, Message, Mode, SessionRequest};
+    use serde_json::json;
+
+    /// Handshake, then a disk SessionRequest and one manifest message;
+    /// returns the server's answer (the plan, or its error).
+    pub fn ask(
+        port: u16,
+        dest: &str,
+        paths: &[&str],
+    ) -> longhaul_engine::Result<serde_json::Value> {
+        let sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut conn = Connection::new(sock)?;
+        conn.set_timeout(Some(Duration::from_secs(10)))?;
+        conn.send(&Message::Hello(Hello {
+            version: longhaul_engine::PROTOCOL_VERSION,
+            client_nonce: to_hex(&random_bytes::<NONCE_LEN>()),
+            software: "crafted".into(),
+        }))?;
+        assert!(matches!(conn.recv()?, Message::Challenge(_)));
+        conn.send(&Message::Auth(Auth { proof: None }))?;
+        assert!(matches!(conn.recv()?, Message::AuthOk(_)));
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let entries: Vec<_> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                json!({"id": i, "path": p, "dir": false, "size": 5, "mode": 0o644,
+                       "mtime_sec": now, "mtime_nsec": 0, "sparse": false, "device": "x"})
+            })
+            .collect();
+        conn.send(&Message::SessionRequest(SessionRequest {
+            mode: Mode::Disk,
+            direction: Direction::Send,
+            streams: 1,
+            bytes: None,
+            seconds: Some(10.0),
+            buffer: 1 << 20,
+            cc: None,
+            rate_bps: None,
+            mode_params: Some(
+                json!({"dest": dest, "resume": true, "io_workers_per_device": 1,
+                "direct": false, "entries": entries.len(), "chunk_size": 1 << 20}),
+            ),
+            client_host: None,
+        }))?;
+        conn.send(&Message::ModeData(
+            json!({"disk": "manifest", "entries": entries}),
+        ))?;
+        match conn.recv()? {
+            Message::ModeData(v) => Ok(v),
+            other => panic!("expected the plan, got {:?}", other.kind()),
+        }
+    }
+}
+
+#[test]
+fn crafted_manifests_escaping_the_root_are_refused() {
+    let t = Scratch::new("escape");
+    let root = t.0.join("root");
+    let outside = t.0.join("outside");
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let server = Server::with_root(&root);
+    let abs = outside.join("abs").display().to_string();
+    let evil = [
+        "../outside/dotdot",
+        &abs,
+        "link/through-symlink",
+        "ok/../../outside/x",
+        "nul\0byte",
+        "a//b",
+        "",
+    ];
+    let mut paths = vec!["fine/file"];
+    paths.extend(evil.iter().copied());
+    let plan = crafted::ask(server.port, "", &paths).unwrap();
+    assert_eq!(plan["disk"], "plan");
+    let refused: Vec<u64> = plan["plan"]["refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        refused,
+        (1..paths.len() as u64).collect::<Vec<_>>(),
+        "{plan}"
+    );
+    assert!(
+        plan["plan"]["refused"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["code"] == "refused"),
+        "{plan}"
+    );
+    // A --dest that escapes fails the whole session, with the cause.
+    let err = crafted::ask(server.port, "../outside", &["f"]).unwrap_err();
+    assert!(err.to_string().contains("escapes the root"), "{err}");
+    let plan = crafted::ask(server.port, "link", &["f"]).unwrap();
+    let refused = &plan["plan"]["refused"][0];
+    assert!(
+        refused["error"].as_str().unwrap().contains("symlink"),
+        "{plan}"
+    );
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        0,
+        "something was written outside the root"
+    );
+    assert!(root.join("fine").is_dir());
+}
+
+// ------------------------------------------------------------ "verified" never lies
+
+/// Two sessions send different content to the same destination file at the
+/// same time, twenty times over: a session may exit 0 only if the final
+/// file is its own source byte for byte, and one of them always succeeds.
+/// The loser is told which session holds the file, and the server logs its
+/// session as failed.
+#[test]
+fn racing_sessions_never_both_claim_one_file() {
+    let t = Scratch::new("race");
+    let sources: Vec<PathBuf> = (0..2)
+        .map(|i| {
+            let dir = t.0.join(format!("src{i}/data"));
+            fs::create_dir_all(&dir).unwrap();
+            // 16 MiB at 200 Mb/s: each session lasts ~0.7 s, so they overlap.
+            fs::write(dir.join("f.bin"), pattern(16 * MIB as usize, 40 + i)).unwrap();
+            dir
+        })
+        .collect();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let dest = root.join("data/f.bin");
+    for round in 0..20 {
+        let _ = fs::remove_file(&dest);
+        let runs: Vec<Running> = sources
+            .iter()
+            .map(|src| {
+                spawn_send(&[
+                    "--to",
+                    &server.addr(),
+                    "--streams",
+                    "2",
+                    "--rate",
+                    "200M",
+                    "--no-resume",
+                    src.to_str().unwrap(),
+                ])
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait(RUN_TIMEOUT)).collect();
+        let winners: Vec<usize> = (0..2).filter(|&i| outs[i].code == Some(0)).collect();
+        assert!(
+            !winners.is_empty(),
+            "round {round}: neither session succeeded: {:?} / {:?}",
+            outs[0].stderr,
+            outs[1].stderr
+        );
+        for &w in &winners {
+            assert!(
+                same_contents(&sources[w].join("f.bin"), &dest),
+                "round {round}: session {w} exited 0 but the file holds other bytes"
+            );
+        }
+        for (i, o) in outs.iter().enumerate() {
+            if o.code != Some(0) {
+                assert_eq!(o.code, Some(1), "round {round}: {}", o.stderr);
+                assert!(
+                    o.stderr.contains("being written by another session"),
+                    "round {round} session {i}: {}",
+                    o.stderr
+                );
+            }
+        }
+    }
+    assert!(
+        server.wait_log("failed: server busy", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+}
+
+/// A file on the receiver with the sender's size and mtime but other bytes
+/// is skipped by the quick check, and then the run must not say
+/// "verified"; `--checksum` compares content, re-sends it and verifies.
+#[test]
+fn a_changed_file_with_the_same_size_and_mtime_is_not_verified() {
+    let t = Scratch::new("changed");
+    let top = t.0.join("src/data");
+    fs::create_dir_all(&top).unwrap();
+    let src = top.join("f.bin");
+    fs::write(&src, pattern(3 * MIB as usize + 5, 7)).unwrap();
+    set_mtime(&src, 1_600_000_000, 5);
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let addr = server.addr();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--to", addr.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        args.push(top.to_str().unwrap());
+        let out = send(&args);
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        out.json()
+    };
+    let first = run(&[]);
+    assert_eq!(first["files"]["verified"], true, "{first}");
+    assert_eq!(first["files"]["sent"], 1, "{first}");
+    // Change bytes on the receiver, keep size and mtime.
+    let dest = root.join("data/f.bin");
+    let f = fs::OpenOptions::new().write(true).open(&dest).unwrap();
+    f.write_all_at(b"CHANGED", MIB).unwrap();
+    drop(f);
+    set_mtime(&dest, 1_600_000_000, 5);
+    let quick = run(&[]);
+    assert_eq!(quick["files"]["verified"], false, "{quick}");
+    assert_eq!(quick["files"]["skipped"], 1, "{quick}");
+    assert_eq!(quick["files"]["skipped_unverified"], 1, "{quick}");
+    assert_eq!(quick["files"]["skip_check"], "size_mtime", "{quick}");
+    let checked = run(&["--checksum"]);
+    assert_eq!(checked["files"]["verified"], true, "{checked}");
+    assert_eq!(checked["files"]["sent"], 1, "{checked}");
+    assert!(same_contents(&src, &dest));
+}
+
+/// A session whose file cannot be written fails on both ends: the server
+/// logs it as failed, not finished.
+#[test]
+fn a_session_with_a_failed_file_is_logged_failed() {
+    let t = Scratch::new("logfail");
+    let top = t.0.join("src/data");
+    fs::create_dir_all(&top).unwrap();
+    fs::write(top.join("f.bin"), pattern(MIB as usize, 3)).unwrap();
+    let root = t.0.join("root");
+    // A directory where the file must land: the rename into place fails.
+    fs::create_dir_all(root.join("data/f.bin/occupied")).unwrap();
+    let server = Server::with_root(&root);
+    let out = send(&["--to", &server.addr(), top.to_str().unwrap()]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        server.wait_log("failed:", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+    let log = server.stderr();
+    assert!(!log.contains("finished"), "{log}");
+}
+
+/// One `longhaul serve` per root: a second one on the same root refuses
+/// to start, so claims in one process cover every writer.
+#[test]
+fn a_second_server_on_the_same_root_refuses_to_start() {
+    let t = Scratch::new("rootlock");
+    let _first = Server::with_root(t.path());
+    let out = support::run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--stats-listen",
+        "127.0.0.1:0",
+        "--root",
+        t.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("another longhaul serve"),
+        "{}",
+        out.stderr
+    );
+}

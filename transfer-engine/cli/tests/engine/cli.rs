@@ -1,0 +1,185 @@
+//! The command line: help per subcommand, suggestions for typos, exit code
+//! 2 with a message naming the problem; unreachable peers: exit code 1
+//! naming the cause.
+
+use crate::support::*;
+
+fn usage_error(args: &[&str], needle: &str) {
+    let out = run(args);
+    assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+    assert!(out.stderr.contains(needle), "{args:?}: {}", out.stderr);
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_problem() {
+    usage_error(
+        &["send", "--to", "127.0.0.1:1", "--frobnicate"],
+        "--frobnicate",
+    );
+    usage_error(&["send", "--to", "127.0.0.1:1", "--buffer", "2X"], "2X");
+    usage_error(
+        &["send", "--to", "127.0.0.1:1", "--streams", "0"],
+        "--streams",
+    );
+    usage_error(
+        &["send", "--to", "127.0.0.1:1", "--streams", "1025"],
+        "1025",
+    );
+    usage_error(&["send", "--to", "127.0.0.1:1", "--rate", "fast"], "--rate");
+    usage_error(
+        &["send", "--to", "127.0.0.1:1", "--cc", "nosuchcc"],
+        "tcp_available_congestion_control",
+    );
+    usage_error(&["send", "--streams", "4"], "--to");
+    usage_error(&["serve", "--bogus"], "--bogus");
+    usage_error(&["launch"], "unrecognized subcommand 'launch'");
+    usage_error(
+        &["send", "--to", "127.0.0.1:1", "--time", "1", "/x"],
+        "do not apply when PATHs are given",
+    );
+}
+
+#[test]
+fn unreachable_host_exits_1_refused() {
+    // Bind and drop a listener to find a closed loopback port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = run(&[
+        "send",
+        "--to",
+        &format!("127.0.0.1:{port}"),
+        "--bytes",
+        "1M",
+    ]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("refused"), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+}
+
+/// Flags only one subcommand has (shared names such as --to, --streams or
+/// --out are left out): its help lists them, no other's does.
+const OWN_FLAGS: &[(&str, &[&str])] = &[
+    (
+        "serve",
+        &["--listen", "--root", "--max-sessions", "--stats-listen"],
+    ),
+    (
+        "send",
+        &["--bidir", "--reverse", "--dest", "--checksum", "--strict"],
+    ),
+    ("sweep", &["--messages", "--load"]),
+    ("advise", &["--pings"]),
+    ("report", &["--prometheus", "--title", "--step"]),
+];
+
+#[test]
+fn help_of_each_subcommand_lists_only_its_own_flags() {
+    for (sub, own) in OWN_FLAGS {
+        for help in ["--help", "-h"] {
+            let out = run(&[sub, help]);
+            assert_eq!(out.code, Some(0), "{sub} {help}: {}", out.stderr);
+            assert!(
+                out.stdout.contains(&format!("Usage: longhaul {sub}")),
+                "{}",
+                out.stdout
+            );
+            for flag in *own {
+                assert!(out.stdout.contains(flag), "{sub}: {flag}\n{}", out.stdout);
+            }
+            for (other, flags) in OWN_FLAGS.iter().filter(|(o, _)| o != sub) {
+                for flag in *flags {
+                    assert!(
+                        !out.stdout.contains(&format!("{flag} ")),
+                        "{sub} --help shows {other}'s {flag}:\n{}",
+                        out.stdout
+                    );
+                }
+            }
+        }
+    }
+    let out = run(&["--help"]);
+    assert_eq!(out.code, Some(0));
+    for (sub, _) in OWN_FLAGS {
+        assert!(out.stdout.contains(sub), "{}", out.stdout);
+    }
+    let out = run(&["--version"]);
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout.starts_with("longhaul "), "{}", out.stdout);
+}
+
+#[test]
+fn typos_get_a_suggestion_and_exit_2() {
+    usage_error(&["send", "--to", "h:1", "--stream", "4"], "'--streams'");
+    usage_error(&["send", "--to", "h:1", "--bidi"], "'--bidir'");
+    usage_error(&["sweep", "--to", "h:1", "--mesages", "64"], "'--messages'");
+    usage_error(&["serv"], "'serve'");
+    usage_error(&["reprot", "d"], "'report'");
+}
+
+#[test]
+fn no_subcommand_is_a_usage_error_with_the_list() {
+    let out = run(&[]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("send"), "{}", out.stderr);
+}
+
+#[test]
+fn congestion_control_the_server_may_not_use_is_refused_by_name() {
+    // An unprivileged server may only use net.ipv4.tcp_allowed_congestion_control;
+    // the client must hear which algorithm and which sysctl, not a broken stream.
+    let list = |path: &str| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let allowed = list("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+    let Some(alg) = list("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .into_iter()
+        .find(|a| !allowed.contains(a))
+    else {
+        longhaul_testkit::cannot_run(
+            "every available congestion control is allowed here (load a second one, e.g. modprobe tcp_bbr)",
+        );
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        longhaul_testkit::cannot_run("needs root to start the server as nobody");
+        return;
+    }
+    let server = Server::start_under(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        &["--allow-unauthenticated"],
+    );
+    let out = run(&[
+        "send",
+        "--to",
+        &server.addr(),
+        "--streams",
+        "2",
+        "--time",
+        "1",
+        "--cc",
+        &alg,
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("congestion control '{alg}' is not allowed"))
+            && out
+                .stderr
+                .contains("net.ipv4.tcp_allowed_congestion_control"),
+        "{}",
+        out.stderr
+    );
+}

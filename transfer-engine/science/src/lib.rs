@@ -1,0 +1,26 @@
+//! Campaign science: the measurements that reproduce the reference WAN
+//! results, and the report that shows them. Built on the engine's library
+//! API (`longhaul-engine`): a sweep cell is a [`SendOptions`] value run with
+//! [`client::run`], advice starts from [`probe::measure`].
+//!
+//! - [`sweep`] (`longhaul sweep`): window x streams matrices and
+//!   message-length sweeps (messages mode), with optional background load
+//!   ([`load`]); results as CSV ([`csv`]) and JSON.
+//! - [`advise`] (`longhaul advise`): buffer x streams from the
+//!   bandwidth-delay product and both ends' socket buffer limits.
+//! - [`report`] (`longhaul report`): an HTML page of figures ([`charts`])
+//!   from result files ([`results`]) and optionally Prometheus
+//!   ([`prometheus`]).
+//!
+//! [`SendOptions`]: longhaul_engine::client::SendOptions
+//! [`client::run`]: longhaul_engine::client::run
+//! [`probe::measure`]: longhaul_engine::probe::measure
+
+pub mod advise;
+pub mod charts;
+pub mod csv;
+pub mod load;
+pub mod prometheus;
+pub mod report;
+pub mod results;
+pub mod sweep;

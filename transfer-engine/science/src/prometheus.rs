@@ -1,0 +1,215 @@
+//! Pulling the report's series from Prometheus (`report --prometheus URL
+//! --from T --to T`): the HTTP API's `query_range`, one GET per figure with
+//! ureq (docs/http.md), under one deadline and with a bounded answer.
+//!
+//! The queries use the exporter's and node_exporter's metric names
+//! (DESIGN.md): session and per-stream throughput, CPU user/system/softirq
+//! per host, disk IO per RAID controller and per device.
+
+use std::time::Duration;
+
+use longhaul_engine::{Error, Result};
+use serde_json::Value;
+
+/// Connecting, asking and reading one answer. A query_range over a
+/// campaign's hour at 15 s steps answers in well under a second on the lab
+/// host.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Largest answer read. A figure draws at most [`MAX_SERIES`] series; a
+/// day at 15 s steps is 5,760 points, ~200 KB per series in JSON, so 64 MiB
+/// holds any sane answer and stops an endless one.
+const MAX_ANSWER: u64 = 64 << 20;
+
+/// Most series drawn per figure (label cardinality is bounded by the
+/// exporter, but 256 streams in one legend are unreadable).
+pub const MAX_SERIES: usize = 12;
+
+/// What a series' values are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unit {
+    BitsPerSecond,
+    BytesPerSecond,
+    Percent,
+}
+
+/// One figure's query.
+#[derive(Debug, Clone, Copy)]
+pub struct Query {
+    pub title: &'static str,
+    pub promql: &'static str,
+    /// Labels that name a series, in order.
+    pub labels: &'static [&'static str],
+    pub unit: Unit,
+}
+
+/// The figures pulled from Prometheus.
+pub const QUERIES: &[Query] = &[
+    Query {
+        title: "Throughput by direction (Prometheus)",
+        promql: "sum by (direction) (rate(longhaul_session_bytes_total[1m])) * 8",
+        labels: &["direction"],
+        unit: Unit::BitsPerSecond,
+    },
+    Query {
+        title: "Per-stream throughput (Prometheus)",
+        // The receiving end of each stream: the stats API lists both ends.
+        promql: "sum by (session, stream) (rate(longhaul_stream_bytes_total{direction=\"receive\"}[1m])) * 8",
+        labels: &["stream"],
+        unit: Unit::BitsPerSecond,
+    },
+    Query {
+        title: "CPU user/system/softirq per host (Prometheus)",
+        promql: "avg by (instance, mode) (rate(node_cpu_seconds_total{mode=~\"user|system|softirq\"}[1m])) * 100",
+        labels: &["instance", "mode"],
+        unit: Unit::Percent,
+    },
+    Query {
+        title: "Disk IO per RAID controller (Prometheus)",
+        promql: "sum by (instance, controller) (rate(longhaul_controller_read_bytes_total[1m]) + rate(longhaul_controller_written_bytes_total[1m]))",
+        labels: &["instance", "controller"],
+        unit: Unit::BytesPerSecond,
+    },
+    Query {
+        title: "Disk IO per device (Prometheus)",
+        promql: "sum by (instance, device) (rate(node_disk_read_bytes_total{device!~\"(loop|ram|dm-|md).*\"}[1m]) + rate(node_disk_written_bytes_total{device!~\"(loop|ram|dm-|md).*\"}[1m]))",
+        labels: &["instance", "device"],
+        unit: Unit::BytesPerSecond,
+    },
+];
+
+/// One series: its name and (unix seconds, value) samples.
+#[derive(Debug, Clone)]
+pub struct PromSeries {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// GETs `url` with the query `params`; returns the body of a 200 answer.
+fn get(url: &str, params: &[(&str, &str)]) -> Result<String> {
+    if !url.starts_with("http://") {
+        return Err(Error::Usage(format!(
+            "--prometheus: '{url}' must start with http://"
+        )));
+    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let fail = |e: ureq::Error| match e {
+        ureq::Error::Io(io) => Error::io(format!("asking Prometheus at {url}"), io),
+        ureq::Error::Timeout(_) => Error::Timeout(format!(
+            "Prometheus at {url}: no complete answer within {} s",
+            HTTP_TIMEOUT.as_secs()
+        )),
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => {
+            Error::Refused(format!("Prometheus at {url}: {e}"))
+        }
+        other => Error::Protocol(format!("Prometheus at {url}: {other}")),
+    };
+    let mut answer = agent
+        .get(url)
+        .header("Accept", "application/json")
+        .query_pairs(params.iter().copied())
+        .call()
+        .map_err(fail)?;
+    let status = answer.status();
+    let body = answer
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER)
+        .read_to_string()
+        .map_err(fail)?;
+    if status != 200 {
+        return Err(Error::Protocol(format!(
+            "Prometheus answered {status}: {}",
+            body.chars().take(300).collect::<String>()
+        )));
+    }
+    Ok(body)
+}
+
+/// Runs one range query. `from`/`to` are anything Prometheus accepts
+/// (RFC 3339 or Unix seconds), `step` seconds.
+pub fn query_range(
+    url: &str,
+    q: &Query,
+    from: &str,
+    to: &str,
+    step: f64,
+) -> Result<Vec<PromSeries>> {
+    let endpoint = format!("{}/api/v1/query_range", url.trim_end_matches('/'));
+    let step = step.to_string();
+    let body = get(
+        &endpoint,
+        &[
+            ("query", q.promql),
+            ("start", from),
+            ("end", to),
+            ("step", &step),
+        ],
+    )?;
+    parse_matrix(&body, q.labels)
+}
+
+/// Parses a query_range answer (`resultType` matrix).
+pub fn parse_matrix(body: &str, labels: &[&str]) -> Result<Vec<PromSeries>> {
+    let v: Value = serde_json::from_str(body)
+        .map_err(|e| Error::Protocol(format!("Prometheus' answer is not JSON: {e}")))?;
+    if v["status"] != "success" {
+        return Err(Error::Protocol(format!(
+            "Prometheus query failed: {}",
+            v["error"].as_str().unwrap_or("unknown error")
+        )));
+    }
+    let mut out = Vec::new();
+    for r in v["data"]["result"].as_array().cloned().unwrap_or_default() {
+        let name: Vec<String> = labels
+            .iter()
+            .filter_map(|l| r["metric"][*l].as_str().map(str::to_string))
+            .collect();
+        // One label: say which ("stream 3"); several: their values.
+        let name = match (labels, name.as_slice()) {
+            ([label], [value]) => vec![format!("{label} {value}")],
+            _ => name,
+        };
+        let points = r["values"]
+            .as_array()
+            .map(|vals| {
+                vals.iter()
+                    .filter_map(|p| {
+                        let t = p.get(0)?.as_f64()?;
+                        let v: f64 = p.get(1)?.as_str()?.parse().ok()?;
+                        v.is_finite().then_some((t, v))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(PromSeries {
+            name: if name.is_empty() {
+                "total".into()
+            } else {
+                name.join(" ")
+            },
+            points,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_matrix() {
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"direction":"receive"},"values":[[100,"8e9"],[115,"9e9"],[130,"NaN"]]}]}}"#;
+        let s = parse_matrix(body, &["direction"]).unwrap();
+        assert_eq!(s[0].name, "direction receive");
+        assert_eq!(s[0].points, vec![(100.0, 8e9), (115.0, 9e9)]);
+        assert!(parse_matrix(r#"{"status":"error","error":"bad"}"#, &[]).is_err());
+    }
+}

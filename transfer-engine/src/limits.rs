@@ -1,0 +1,57 @@
+//! The named timeouts and limits of the protocol and its sessions, each
+//! with why it has its value. Every layer takes its bounds from here, so
+//! a reader finds them in one place.
+
+use std::time::Duration;
+
+/// Connecting to the server. A WAN path answers a SYN within a few RTTs;
+/// 10 s covers slow paths and a busy server's accept queue.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Each handshake step (and the first bytes of any new connection). Long
+/// enough for a 200 ms RTT path under load, short enough that a half-open
+/// connection frees its slot quickly.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// From `SessionAccepted` until every data connection has attached and the
+/// client said `Start`. 1024 connections over a long path take a while.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A data stream with no progress for this long is dead: the session's
+/// watchdog ([`WATCHDOG_PERIOD`]) fails it, naming the stream. Progress is
+/// anything TCP moved on the socket (payload, keep-alives), so a paced or
+/// idle-but-alive stream is not dead. TCP's own retransmission timeout
+/// gives up after ~15 min; a test campaign wants to know much sooner.
+pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often the watchdog looks at every stream's progress; the idle
+/// timeout fires within this much of [`DATA_IDLE_TIMEOUT`].
+pub const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
+
+/// SO_RCVTIMEO/SO_SNDTIMEO of data sockets: a backstop behind the watchdog
+/// (a blocking call cannot hang past it even if the session thread is
+/// stuck), longer than [`DATA_IDLE_TIMEOUT`] so the watchdog speaks first.
+pub const DATA_SOCKET_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// After the data phase: a sending stream waiting for the receiver to close
+/// its side, and each end waiting for the peer's `Done`. The peer only has
+/// to finish draining its buffers.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often the client reports its streams to the server during the data
+/// phase. Well inside any scrape interval (the lab scrapes every 5 s); a
+/// report costs about 250 bytes per stream.
+pub const REPORT_PERIOD: Duration = Duration::from_secs(1);
+
+/// Streams per direction. Beyond ~1000 sockets per session the gain is nil
+/// and we would run into file descriptor limits.
+pub const MAX_STREAMS: u32 = 1024;
+
+/// Largest SO_SNDBUF/SO_RCVBUF we ask for (the kernel caps lower anyway).
+pub const MAX_BUFFER: u64 = 1 << 30;
+
+/// Default socket buffer: the FDT campaigns' 2 MB.
+pub const DEFAULT_BUFFER: u64 = 2 << 20;
+
+/// Default duration of a memory-to-memory run, as iperf3.
+pub const DEFAULT_SECONDS: f64 = 10.0;

@@ -1,0 +1,675 @@
+//! Disk mode inside a session: the manifest/plan exchange on the control
+//! connection and the [`DataPlane`]s that put the reader and writer
+//! pipelines behind the engine's stream workers.
+//!
+//! Exchange (between `SessionRequest` and `SessionAccepted`):
+//!
+//! ```text
+//! client                                         server
+//!   SessionRequest {mode: disk, mode_params: DiskParams}  ->
+//!   ModeData {disk: manifest, entries: [...]}  x n        ->   (validate, mkdir, resume check)
+//!                                   <-  ModeData {disk: plan, ..., last}  x m
+//!                                   <-  SessionAccepted
+//! ```
+//!
+//! Both lists are cut into messages of at most [`MESSAGE_BUDGET`] bytes, so
+//! a tree of any size fits through the 1 MiB control frame limit. Each end's
+//! `Done` carries its summary (sender: its failures and read counters;
+//! receiver: verified files, failures, written counters); the client merges
+//! them with [`final_fields`] and fails with [`check`].
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::connection::Connection;
+use crate::datapath::{
+    DataPlane, DeviceCounters, ModeReport, PlaneProgress, SendBudget, Sink, Source,
+};
+use crate::error::{Error, Result};
+use crate::messages::{Direction, Message, SessionRequest};
+
+use super::claims::Claimant;
+use super::devices::DeviceGroup;
+use super::reader::SendPipeline;
+use super::source::SourceSet;
+use super::wire::{DiskReport, FileFailure, Manifest, ManifestEntry, Plan};
+use super::writer::ReceivePipeline;
+use super::{DiskError, DiskOptions, CHUNK_SIZE};
+
+/// Target size of one ModeData message: half the control frame limit, so
+/// even an entry with a 4 KiB path never overflows a frame.
+pub const MESSAGE_BUDGET: usize = crate::frame::MAX_FRAME_LEN / 2;
+
+/// Most manifest entries a server accepts in one session. The manifest is
+/// held in memory (~250 bytes an entry), so this bounds what one client can
+/// make the server allocate.
+pub const MAX_MANIFEST_ENTRIES: u64 = 4 << 20;
+
+/// Failed files named one by one in the server log; the rest are counted.
+const LOGGED_FAILURES: usize = 5;
+
+/// Most writer workers per device a client may ask the server for.
+pub const MAX_IO_WORKERS_PER_DEVICE: u32 = 64;
+
+/// `SessionRequest::mode_params` of a disk session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskParams {
+    /// `--dest`, relative to the server's `--root`.
+    pub dest: String,
+    pub resume: bool,
+    pub io_workers_per_device: u32,
+    pub direct: bool,
+    /// Number of manifest entries that follow.
+    pub entries: u64,
+    pub chunk_size: u64,
+    /// `--checksum`: manifest entries carry checksums; skips compare content.
+    #[serde(default)]
+    pub checksum: bool,
+}
+
+/// Disk-mode control messages, carried as `ModeData`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "disk", rename_all = "snake_case")]
+pub enum DiskMessage {
+    Manifest { entries: Vec<ManifestEntry> },
+    Plan { plan: Plan, last: bool },
+}
+
+/// The library error for a file-level failure.
+pub fn to_error(e: DiskError) -> Error {
+    match e {
+        DiskError::DiskFull { .. } => Error::DiskFull(e.to_string()),
+        DiskError::ChecksumMismatch { .. } => Error::ChecksumMismatch(e.to_string()),
+        DiskError::Refused { .. } => Error::Refused(e.to_string()),
+        DiskError::Io { path, source } => Error::io(path, source),
+        other => Error::Io {
+            context: other.to_string(),
+            source: std::io::Error::other(other.code()),
+        },
+    }
+}
+
+fn send_mode(conn: &mut Connection, m: &DiskMessage) -> Result<()> {
+    let v = serde_json::to_value(m)
+        .map_err(|e| Error::Protocol(format!("encoding disk message: {e}")))?;
+    conn.send(&Message::ModeData(v))
+}
+
+/// A `ModeData` body as a disk message.
+pub fn decode_disk_message(v: Value) -> Result<DiskMessage> {
+    serde_json::from_value(v).map_err(|e| Error::Protocol(format!("malformed disk message: {e}")))
+}
+
+fn recv_mode(conn: &mut Connection) -> Result<DiskMessage> {
+    match conn.recv()? {
+        Message::ModeData(v) => decode_disk_message(v),
+        other => Err(Error::Protocol(format!(
+            "expected a disk-mode message, got {:?}",
+            other.kind()
+        ))),
+    }
+}
+
+/// Rough JSON size of a value, for cutting lists into messages.
+fn json_len<T: Serialize>(v: &T) -> usize {
+    serde_json::to_vec(v)
+        .map(|b| b.len() + 1)
+        .unwrap_or(MESSAGE_BUDGET)
+}
+
+// ---------------------------------------------------------------- client
+
+/// The client's disk plane: built from `PATH...` before the handshake,
+/// started once the server's plan arrives.
+pub struct ClientPlane {
+    params: DiskParams,
+    opts: DiskOptions,
+    source: Mutex<Option<SourceSet>>,
+    groups: Vec<Arc<DeviceGroup>>,
+    pipeline: OnceLock<Arc<SendPipeline>>,
+    refused: Mutex<Vec<FileFailure>>,
+    plan_counts: Mutex<(u64, u64)>,
+}
+
+impl ClientPlane {
+    /// Walk `paths` for `--dest dest`; prints what the walk skipped.
+    pub fn new(
+        req: &SessionRequest,
+        paths: &[PathBuf],
+        dest: &str,
+        opts: &DiskOptions,
+    ) -> Result<ClientPlane> {
+        if req.direction != Direction::Send {
+            return Err(Error::Usage(
+                "disk mode sends from client to server: --reverse/--bidir do not apply".into(),
+            ));
+        }
+        let mut opts = opts.clone();
+        opts.streams = req.streams as usize;
+        let src = SourceSet::build(paths, dest, &opts).map_err(|e| match e {
+            DiskError::Refused { .. } => Error::Usage(e.to_string()),
+            other => to_error(other),
+        })?;
+        for w in &src.warnings {
+            eprintln!("longhaul: {w}");
+        }
+        let params = DiskParams {
+            dest: dest.to_string(),
+            resume: opts.resume,
+            io_workers_per_device: opts.io_workers_per_device as u32,
+            direct: opts.direct,
+            entries: src.manifest.entries.len() as u64,
+            chunk_size: CHUNK_SIZE,
+            checksum: opts.checksum,
+        };
+        Ok(ClientPlane {
+            params,
+            groups: src.groups().to_vec(),
+            opts,
+            source: Mutex::new(Some(src)),
+            pipeline: OnceLock::new(),
+            refused: Mutex::new(Vec::new()),
+            plan_counts: Mutex::new((0, 0)),
+        })
+    }
+
+    /// For `SessionRequest::mode_params`.
+    pub fn params(&self) -> Value {
+        serde_json::to_value(&self.params).unwrap_or(Value::Null)
+    }
+
+    /// Send the manifest, read the plan, start the readers.
+    pub fn negotiate(&self, conn: &mut Connection) -> Result<()> {
+        let src = self
+            .source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::Protocol("disk negotiation ran twice".into()))?;
+        let mut batch = Vec::new();
+        let mut size = 0;
+        for e in &src.manifest.entries {
+            let n = json_len(e);
+            if size + n > MESSAGE_BUDGET && !batch.is_empty() {
+                send_mode(
+                    conn,
+                    &DiskMessage::Manifest {
+                        entries: std::mem::take(&mut batch),
+                    },
+                )?;
+                size = 0;
+            }
+            batch.push(e.clone());
+            size += n;
+        }
+        if !batch.is_empty() {
+            send_mode(conn, &DiskMessage::Manifest { entries: batch })?;
+        }
+        let mut plan = Plan::default();
+        loop {
+            match recv_mode(conn)? {
+                DiskMessage::Plan { plan: p, last } => {
+                    plan.skip.extend(p.skip);
+                    plan.resume.extend(p.resume);
+                    plan.refused.extend(p.refused);
+                    if last {
+                        break;
+                    }
+                }
+                DiskMessage::Manifest { .. } => {
+                    return Err(Error::Protocol("the server sent a manifest".into()))
+                }
+            }
+        }
+        *self.plan_counts.lock().unwrap_or_else(|e| e.into_inner()) =
+            (plan.skip.len() as u64, plan.resume.len() as u64);
+        let (pipeline, refused) = src.start(&plan, &self.opts);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = refused;
+        let _ = self.pipeline.set(pipeline);
+        Ok(())
+    }
+
+    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+        &self.groups
+    }
+}
+
+struct DiskSource {
+    pipeline: Arc<SendPipeline>,
+}
+
+impl Source for DiskSource {
+    fn pump(
+        &mut self,
+        sock: &TcpStream,
+        budget: &SendBudget,
+        counter: &std::sync::atomic::AtomicU64,
+    ) -> Result<u64> {
+        let mut w = sock;
+        let pacer = budget.pacer.clone();
+        let pace = move |n: usize| {
+            if let Some(p) = &pacer {
+                p.acquire(n);
+            }
+        };
+        self.pipeline
+            .pump(
+                &mut w,
+                &pace,
+                &|n| {
+                    counter.fetch_add(n, Ordering::Relaxed);
+                },
+                &budget.stop,
+            )
+            .map_err(|e| Error::io("sending file blocks", e))
+    }
+}
+
+impl DataPlane for ClientPlane {
+    fn source(&self, _stream_id: u32) -> Result<Box<dyn Source>> {
+        let pipeline = self
+            .pipeline
+            .get()
+            .cloned()
+            .ok_or_else(|| Error::Protocol("disk plan not received".into()))?;
+        Ok(Box::new(DiskSource { pipeline }))
+    }
+
+    fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
+        Err(Error::Unsupported(
+            "disk mode: the client only sends".into(),
+        ))
+    }
+
+    fn mode_params(&self) -> Option<Value> {
+        Some(self.params())
+    }
+
+    fn negotiate(&self, conn: &mut Connection) -> Result<()> {
+        ClientPlane::negotiate(self, conn)
+    }
+
+    fn devices(&self) -> Vec<Arc<dyn DeviceCounters>> {
+        counters(&self.groups)
+    }
+
+    fn report(&self, local: Option<&Value>, remote: Option<&Value>) -> ModeReport {
+        let (files, devices) = final_fields(local, remote);
+        ModeReport {
+            human: human_lines(&files, &devices),
+            files: Some(files),
+            devices: Some(devices),
+            messages: None,
+        }
+    }
+
+    /// The client sends: `local` is the sender's summary.
+    fn check(&self, local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
+        check(local, remote)
+    }
+
+    fn idle_streams_are_normal(&self) -> bool {
+        true
+    }
+
+    fn progress(&self) -> Option<PlaneProgress> {
+        let pipeline = self.pipeline.get()?;
+        let (files_total, bytes_total) = pipeline.totals();
+        Some(PlaneProgress {
+            bytes_total: Some(bytes_total),
+            files_done: pipeline.files_sent(),
+            files_total,
+        })
+    }
+
+    fn summary(&self) -> Result<Option<Value>> {
+        let mut failures = self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(p) = self.pipeline.get() {
+            failures.extend(p.finish());
+        }
+        let (skipped, resumed) = *self.plan_counts.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(Some(json!({
+            "sender": {
+                "entries": self.params.entries,
+                "checksum": self.params.checksum,
+                "skipped": skipped,
+                "resumed": resumed,
+                "failures": failures,
+                "devices": super::devices::snapshot(&self.groups),
+            }
+        })))
+    }
+}
+
+// ---------------------------------------------------------------- server
+
+/// The server's disk plane: the writer pipeline for one session.
+pub struct ServerPlane {
+    pipeline: Arc<ReceivePipeline>,
+}
+
+impl ServerPlane {
+    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+        self.pipeline.groups()
+    }
+}
+
+/// Read the manifest, plan it beneath `root`, answer with the plan.
+pub fn server_plane(
+    req: &SessionRequest,
+    root: Option<&Path>,
+    conn: &mut Connection,
+    claimant: &Claimant,
+) -> Result<Arc<ServerPlane>> {
+    let Some(root) = root else {
+        return Err(Error::Unsupported(
+            "this server has no --root: disk mode is off".into(),
+        ));
+    };
+    if req.direction != Direction::Send {
+        return Err(Error::Unsupported(
+            "disk mode: the client sends, the server receives".into(),
+        ));
+    }
+    let params: DiskParams = req
+        .mode_params
+        .clone()
+        .ok_or_else(|| Error::Protocol("disk session without parameters".into()))
+        .and_then(|v| {
+            serde_json::from_value(v)
+                .map_err(|e| Error::Protocol(format!("bad disk parameters: {e}")))
+        })?;
+    if params.entries > MAX_MANIFEST_ENTRIES {
+        return Err(Error::Unsupported(format!(
+            "{} entries in one session; this server takes at most {MAX_MANIFEST_ENTRIES}",
+            params.entries
+        )));
+    }
+    let mut entries = Vec::with_capacity(params.entries as usize);
+    while (entries.len() as u64) < params.entries {
+        match recv_mode(conn)? {
+            DiskMessage::Manifest { entries: e } => entries.extend(e),
+            DiskMessage::Plan { .. } => {
+                return Err(Error::Protocol("the client sent a plan".into()))
+            }
+        }
+        if entries.len() as u64 > params.entries {
+            return Err(Error::Protocol(
+                "more manifest entries than announced".into(),
+            ));
+        }
+    }
+    let opts = DiskOptions {
+        io_workers_per_device: params
+            .io_workers_per_device
+            .clamp(1, MAX_IO_WORKERS_PER_DEVICE) as usize,
+        direct: params.direct,
+        resume: params.resume,
+        streams: req.streams as usize,
+        ..DiskOptions::default()
+    };
+    let manifest = Manifest {
+        dest: params.dest,
+        resume: params.resume,
+        chunk_size: params.chunk_size,
+        entries,
+    };
+    let (pipeline, plan) =
+        ReceivePipeline::prepare(root, &manifest, &opts, Some(claimant)).map_err(to_error)?;
+    send_plan(conn, plan)?;
+    Ok(Arc::new(ServerPlane { pipeline }))
+}
+
+fn send_plan(conn: &mut Connection, plan: Plan) -> Result<()> {
+    let mut part = Plan::default();
+    let mut size = 0;
+    let flush = |conn: &mut Connection, part: &mut Plan, last: bool| {
+        send_mode(
+            conn,
+            &DiskMessage::Plan {
+                plan: std::mem::take(part),
+                last,
+            },
+        )
+    };
+    for id in plan.skip {
+        if size > MESSAGE_BUDGET {
+            flush(conn, &mut part, false)?;
+            size = 0;
+        }
+        part.skip.push(id);
+        size += 11;
+    }
+    for r in plan.resume {
+        if size > MESSAGE_BUDGET {
+            flush(conn, &mut part, false)?;
+            size = 0;
+        }
+        part.resume.push(r);
+        size += 32;
+    }
+    for f in plan.refused {
+        let n = json_len(&f);
+        if size + n > MESSAGE_BUDGET {
+            flush(conn, &mut part, false)?;
+            size = 0;
+        }
+        part.refused.push(f);
+        size += n;
+    }
+    flush(conn, &mut part, true)
+}
+
+struct DiskSink {
+    pipeline: Arc<ReceivePipeline>,
+}
+
+impl Sink for DiskSink {
+    fn drain(&mut self, sock: &TcpStream, counter: &std::sync::atomic::AtomicU64) -> Result<u64> {
+        let mut r = sock;
+        self.pipeline
+            .drain(&mut r, &|n| {
+                counter.fetch_add(n, Ordering::Relaxed);
+            })
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => Error::Protocol(e.to_string()),
+                _ => Error::io("receiving file blocks", e),
+            })
+    }
+}
+
+impl DataPlane for ServerPlane {
+    fn source(&self, _stream_id: u32) -> Result<Box<dyn Source>> {
+        Err(Error::Unsupported(
+            "disk mode: the server only receives".into(),
+        ))
+    }
+
+    fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
+        Ok(Box::new(DiskSink {
+            pipeline: self.pipeline.clone(),
+        }))
+    }
+
+    fn devices(&self) -> Vec<Arc<dyn DeviceCounters>> {
+        counters(self.pipeline.groups())
+    }
+
+    /// The server receives: the peer's summary is the sender's.
+    fn check(&self, local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
+        check(remote, local)
+    }
+
+    fn idle_streams_are_normal(&self) -> bool {
+        true
+    }
+
+    fn summary(&self) -> Result<Option<Value>> {
+        let report = self.pipeline.finish();
+        // The operator sees failed files in the server log too.
+        for f in report.failures.iter().take(LOGGED_FAILURES) {
+            crate::logline::server(format!("disk: {}", f.error));
+        }
+        if report.failures.len() > LOGGED_FAILURES {
+            let more = report.failures.len() - LOGGED_FAILURES;
+            crate::logline::server(format!("disk: ... and {more} more failed files"));
+        }
+        Ok(Some(json!({ "receiver": report })))
+    }
+}
+
+// ---------------------------------------------------------------- result
+
+fn counters(groups: &[Arc<DeviceGroup>]) -> Vec<Arc<dyn DeviceCounters>> {
+    groups
+        .iter()
+        .map(|g| g.clone() as Arc<dyn DeviceCounters>)
+        .collect()
+}
+
+fn failures_of(v: Option<&Value>, side: &str) -> Vec<FileFailure> {
+    v.and_then(|v| v.get(side))
+        .and_then(|s| s.get("failures"))
+        .and_then(|f| serde_json::from_value(f.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Every failed file of the session, sender's first, one per file.
+pub fn all_failures(local: Option<&Value>, remote: Option<&Value>) -> Vec<FileFailure> {
+    let mut out = failures_of(local, "sender");
+    for f in failures_of(remote, "receiver") {
+        if !out.iter().any(|o| o.id == f.id) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// The `files` and `devices` fields of the client's final JSON, from the
+/// client's own summary (`local`) and the server's (`remote`).
+pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Value) {
+    let report: DiskReport = remote
+        .and_then(|v| v.get("receiver"))
+        .and_then(|r| serde_json::from_value(r.clone()).ok())
+        .unwrap_or_default();
+    let sender = local
+        .and_then(|v| v.get("sender"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let failures = all_failures(local, remote);
+    let sent = report.files.saturating_sub(report.skipped);
+    let sent_bytes = report.file_bytes.saturating_sub(report.skipped_bytes);
+    // Skipped on size and mtime alone: nobody compared their content.
+    let unverified = report.skipped.saturating_sub(report.skipped_by_checksum);
+    let mut files = json!({
+        "count": report.files,
+        "bytes": report.file_bytes,
+        "verified": failures.is_empty() && unverified == 0,
+        "sent": sent,
+        "sent_bytes": sent_bytes,
+        "verified_bytes": sent_bytes + report.skipped_by_checksum_bytes,
+        "skipped": sender.get("skipped").cloned().unwrap_or(json!(report.skipped)),
+        "skipped_unverified": unverified,
+        "skip_check": if sender.get("checksum").and_then(Value::as_bool).unwrap_or(false) {
+            "checksum"
+        } else {
+            "size_mtime"
+        },
+        "resumed": sender.get("resumed").cloned().unwrap_or(json!(0)),
+    });
+    if !failures.is_empty() {
+        files["failures"] = json!(failures);
+    }
+    let mut devices = Vec::new();
+    if let Some(list) = sender.get("devices").and_then(|d| d.as_array()) {
+        for d in list {
+            devices.push(json!({
+                "side": "sender",
+                "device": d.get("device"),
+                "controller": d.get("controller"),
+                "read_bytes": d.get("read_bytes"),
+            }));
+        }
+    }
+    for d in &report.devices {
+        devices.push(json!({
+            "side": "receiver",
+            "device": d.device,
+            "controller": d.controller,
+            "written_bytes": d.written_bytes,
+        }));
+    }
+    (files, Value::Array(devices))
+}
+
+/// Extra lines of the human summary: files and per-device IO.
+pub fn human_lines(files: &Value, devices: &Value) -> String {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let skipped = match (n(&files["skipped"]), n(&files["skipped_unverified"])) {
+        (0, _) => "0".to_string(),
+        (all, 0) => format!("{all} (same content, compared with --checksum)"),
+        (all, _) => {
+            format!("{all} (same size and mtime; content not compared: --checksum compares it)")
+        }
+    };
+    let mut out = format!(
+        "\n  files: {} ({}), verified: {}; sent and verified: {}, resumed: {}, skipped (already there): {skipped}",
+        n(&files["count"]),
+        longhaul_units::format_bytes(n(&files["bytes"])),
+        if files["verified"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+        n(&files["sent"]),
+        n(&files["resumed"]),
+    );
+    for d in devices.as_array().into_iter().flatten() {
+        let (what, bytes) = match d.get("read_bytes") {
+            Some(b) => ("read", n(b)),
+            None => ("written", n(&d["written_bytes"])),
+        };
+        out.push_str(&format!(
+            "\n  {} device {} (controller {}): {} {what}",
+            d["side"].as_str().unwrap_or("?"),
+            d["device"].as_str().unwrap_or("?"),
+            d["controller"].as_str().unwrap_or("?"),
+            longhaul_units::format_bytes(bytes),
+        ));
+    }
+    out
+}
+
+/// Fail the session when any file failed, naming every one (the first
+/// failure's cause picks the error kind: disk full, checksum mismatch, ...).
+pub fn check(local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
+    let failures = all_failures(local, remote);
+    let Some(first) = failures.first() else {
+        return Ok(());
+    };
+    const SHOWN: usize = 5;
+    let mut msg: Vec<String> = failures
+        .iter()
+        .take(SHOWN)
+        .map(|f| f.error.clone())
+        .collect();
+    if failures.len() > SHOWN {
+        msg.push(format!("and {} more", failures.len() - SHOWN));
+    }
+    let text = format!("{} file(s) failed: {}", failures.len(), msg.join("; "));
+    Err(match first.code.as_str() {
+        "disk_full" => Error::DiskFull(text),
+        "checksum" => Error::ChecksumMismatch(text),
+        "refused" => Error::Refused(text),
+        "in_use" => Error::Busy(text),
+        _ => Error::Io {
+            context: "transfer incomplete".into(),
+            source: std::io::Error::other(text),
+        },
+    })
+}

@@ -1,0 +1,255 @@
+//! What a send reports: the final result object of DESIGN.md
+//! ([`FinalReport`]) and the interval lines of `--interval`
+//! ([`IntervalReport`]), each as JSON and for people. The mode adds its
+//! own fields ([`ModeReport`]) without this module knowing them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use longhaul_units::{format_bps, format_bytes};
+use serde::Serialize;
+
+use crate::datapath::ModeReport;
+use crate::messages::{CpuReport, Direction, Done, Mode, Role};
+use crate::session::PhaseOutcome;
+use crate::stream::StreamStats;
+
+/// One stream in the final object. TCP fields come from the sending end's
+/// socket (that is where cwnd, RTT and retransmits live).
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamResult {
+    pub id: u32,
+    /// `send` (client -> server) or `receive` (server -> client).
+    pub direction: &'static str,
+    pub bytes: u64,
+    pub retransmits: u64,
+    pub rtt_us: u32,
+    pub rttvar_us: u32,
+    pub cwnd_bytes: u64,
+    pub pacing_rate_bps: u64,
+    pub delivery_rate_bps: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuPair {
+    pub sender: CpuReport,
+    pub receiver: CpuReport,
+}
+
+/// The final JSON object (DESIGN.md), plus a few extra fields.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinalReport {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub mode: Mode,
+    pub direction: Direction,
+    /// Payload bytes moved (both directions added for bidir).
+    pub bytes: u64,
+    pub seconds: f64,
+    pub throughput_bps: f64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub streams: Vec<StreamResult>,
+    /// Sender and receiver CPU. In bidir sessions both ends do both; there
+    /// `sender` is the client (`longhaul send`) and `receiver` the server.
+    pub cpu: CpuPair,
+    pub session: String,
+    pub peer: String,
+    /// The mode's fields: `files` and `devices` (disk), `messages`.
+    #[serde(flatten)]
+    pub mode_report: ModeReport,
+}
+
+impl FinalReport {
+    /// Builds the client's final report from both ends' `Done`.
+    pub fn from_outcome(
+        mode: Mode,
+        direction: Direction,
+        outcome: &PhaseOutcome,
+        mode_report: ModeReport,
+        session: String,
+        peer: String,
+    ) -> FinalReport {
+        let local: &Done = &outcome.local;
+        let remote: &Done = &outcome.remote;
+        let mut streams = Vec::with_capacity(local.streams.len());
+        let (mut sent, mut received) = (0u64, 0u64);
+        for (l, r) in local.streams.iter().zip(&remote.streams) {
+            let (sender, receiver) = match l.role {
+                Role::Send => (l, r),
+                Role::Receive => (r, l),
+            };
+            let tcp = sender.tcp.unwrap_or_default();
+            match l.role {
+                Role::Send => sent += receiver.bytes,
+                Role::Receive => received += receiver.bytes,
+            }
+            streams.push(StreamResult {
+                id: l.id,
+                direction: match l.role {
+                    Role::Send => "send",
+                    Role::Receive => "receive",
+                },
+                bytes: receiver.bytes,
+                retransmits: tcp.retransmits,
+                rtt_us: tcp.rtt_us,
+                rttvar_us: tcp.rttvar_us,
+                cwnd_bytes: tcp.cwnd_bytes,
+                pacing_rate_bps: tcp.pacing_rate_bps,
+                delivery_rate_bps: tcp.delivery_rate_bps,
+            });
+        }
+        let bytes = sent + received;
+        let seconds = local.seconds.max(1e-9);
+        let cpu = match direction {
+            Direction::Receive => CpuPair {
+                sender: remote.cpu,
+                receiver: local.cpu,
+            },
+            _ => CpuPair {
+                sender: local.cpu,
+                receiver: remote.cpu,
+            },
+        };
+        FinalReport {
+            kind: "result",
+            mode,
+            direction,
+            bytes,
+            seconds: (seconds * 1e6).round() / 1e6,
+            throughput_bps: (bytes as f64 * 8.0 / seconds).round(),
+            bytes_sent: sent,
+            bytes_received: received,
+            streams,
+            cpu,
+            session,
+            peer,
+            mode_report,
+        }
+    }
+
+    /// Human summary, a few lines.
+    pub fn human(&self) -> String {
+        let cpu = |c: &CpuReport| {
+            format!(
+                "user {:.1}% system {:.1}% softirq {:.1}% (process {:.2}+{:.2} s)",
+                c.user_pct,
+                c.system_pct,
+                c.softirq_pct,
+                c.process_user_seconds,
+                c.process_system_seconds
+            )
+        };
+        let retrans: u64 = self.streams.iter().map(|s| s.retransmits).sum();
+        format!(
+            "{} {}: {} in {:.2} s = {} over {} streams, {} retransmits\n  sender CPU:   {}\n  receiver CPU: {}{}",
+            serde_json::to_value(self.mode).unwrap_or_default().as_str().unwrap_or("?"),
+            serde_json::to_value(self.direction).unwrap_or_default().as_str().unwrap_or("?"),
+            format_bytes(self.bytes),
+            self.seconds,
+            format_bps(self.throughput_bps),
+            self.streams.len(),
+            retrans,
+            cpu(&self.cpu.sender),
+            cpu(&self.cpu.receiver),
+            self.mode_report.human
+        )
+    }
+}
+
+/// One interval's numbers for one stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct IntervalStream {
+    pub id: u32,
+    pub direction: &'static str,
+    pub bytes: u64,
+    pub throughput_bps: f64,
+    pub retransmits: u64,
+    pub rtt_us: u32,
+    pub cwnd_bytes: u64,
+}
+
+/// One interval line (`--interval`).
+#[derive(Debug, Clone, Serialize)]
+pub struct IntervalReport {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub start: f64,
+    pub end: f64,
+    pub bytes: u64,
+    pub throughput_bps: f64,
+    pub streams: Vec<IntervalStream>,
+}
+
+/// Turns successive counter readings into interval reports.
+#[derive(Debug, Default)]
+pub struct IntervalTracker {
+    last_at: f64,
+    last_bytes: Vec<u64>,
+}
+
+impl IntervalTracker {
+    pub fn next(&mut self, streams: &[Arc<StreamStats>], elapsed: Duration) -> IntervalReport {
+        let end = elapsed.as_secs_f64();
+        let span = (end - self.last_at).max(1e-9);
+        if self.last_bytes.len() != streams.len() {
+            self.last_bytes = vec![0; streams.len()];
+        }
+        let mut total = 0;
+        let per: Vec<IntervalStream> = streams
+            .iter()
+            .zip(self.last_bytes.iter_mut())
+            .map(|(s, last)| {
+                let now = s.bytes();
+                let delta = now - (*last).min(now);
+                *last = now;
+                total += delta;
+                let tcp = s.last_tcp().unwrap_or_default();
+                IntervalStream {
+                    id: s.id,
+                    direction: match s.role {
+                        Role::Send => "send",
+                        Role::Receive => "receive",
+                    },
+                    bytes: delta,
+                    throughput_bps: (delta as f64 * 8.0 / span).round(),
+                    retransmits: tcp.retransmits,
+                    rtt_us: tcp.rtt_us,
+                    cwnd_bytes: tcp.cwnd_bytes,
+                }
+            })
+            .collect();
+        let report = IntervalReport {
+            kind: "interval",
+            start: (self.last_at * 1000.0).round() / 1000.0,
+            end: (end * 1000.0).round() / 1000.0,
+            bytes: total,
+            throughput_bps: (total as f64 * 8.0 / span).round(),
+            streams: per,
+        };
+        self.last_at = end;
+        report
+    }
+}
+
+impl IntervalReport {
+    pub fn human(&self) -> String {
+        let retrans: u64 = self.streams.iter().map(|s| s.retransmits).sum();
+        let rtts: Vec<u32> = self.streams.iter().map(|s| s.rtt_us).collect();
+        let avg_rtt = if rtts.is_empty() {
+            0
+        } else {
+            rtts.iter().map(|&r| r as u64).sum::<u64>() / rtts.len() as u64
+        };
+        format!(
+            "[{:7.2}-{:7.2} s] {:>12}  {:>11}  {} streams  retrans {}  rtt {} us",
+            self.start,
+            self.end,
+            format_bytes(self.bytes),
+            format_bps(self.throughput_bps),
+            self.streams.len(),
+            retrans,
+            avg_rtt
+        )
+    }
+}
