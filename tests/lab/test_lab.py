@@ -15,6 +15,7 @@ import time
 
 import pytest
 import yaml
+from helpers import cannot_run
 from labkit import LAB, REPO, epoch, wait_until
 
 # Engine and campaign settings of these tests. The memory run is long enough for a
@@ -75,7 +76,7 @@ def test_site_yml_syntax_checks_with_the_lab_inventory(lab):
 
 def test_site_yml_provisions_the_fresh_lab(lab):
     if lab.reused:
-        pytest.skip("LONGHAUL_LAB_REUSE=1: site.yml was not run")
+        cannot_run("LONGHAUL_LAB_REUSE=1: site.yml was not run")
     first = lab.provision[0]
     print("first site.yml run: %.0f s" % first.seconds)
     assert first.rc == 0, "site.yml failed on the fresh lab:\n%s" % first.tail()
@@ -85,7 +86,7 @@ def test_site_yml_provisions_the_fresh_lab(lab):
 
 def test_second_site_yml_run_changes_nothing(lab):
     if lab.reused:
-        pytest.skip("LONGHAUL_LAB_REUSE=1: site.yml was not run")
+        cannot_run("LONGHAUL_LAB_REUSE=1: site.yml was not run")
     assert len(lab.provision) == 2, "no second run: the first failed"
     second = lab.provision[1]
     print("second site.yml run: %.0f s" % second.seconds)

@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use crate::collector::{Collector, CollectorSpec};
 use crate::collectors::engine::{self, EngineApi};
-use crate::flows::{FlowBook, FlowKey, GroupKey, Observed};
 use crate::config::Config;
+use crate::flows::{FlowBook, FlowKey, GroupKey, Observed};
 use crate::metrics::Family;
 use crate::ports::PortRanges;
 use crate::sock_diag::{self, TcpSocket};
