@@ -279,21 +279,10 @@ class Lab:
         return [a for a in found if a["labels"].get("alertname") == name]
 
     def grafana(self, path, body=None, params=None):
-        """Grafana's HTTP API as its admin (the password lab/up generated): GET, or
-        POST of a JSON body; returns the decoded answer, raises HTTPError on 4xx/5xx."""
-        url = self.grafana_url + path
-        if params:
-            url += "?" + urllib.parse.urlencode(params, doseq=True)
-        request = urllib.request.Request(
-            url,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={
-                "Authorization": basic_auth("admin", self.secret("grafana-admin-password")),
-                "Content-Type": "application/json",
-            },
+        """The lab Grafana's HTTP API as its admin (the password lab/up generated)."""
+        return grafana_api(
+            self.grafana_url, self.secret("grafana-admin-password"), path, body, params
         )
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
-            return json.load(answer)
 
     def ready(self, url):
         with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
@@ -308,6 +297,37 @@ class Lab:
             for alert in rule.get("alerts", [])
         }
         return states
+
+
+def grafana_api(url, admin_password, path, body=None, params=None):
+    """Grafana's HTTP API at `url` as its admin: GET, or POST of a JSON body;
+    returns the decoded answer, raises HTTPError on 4xx/5xx."""
+    url += path
+    if params:
+        url += "?" + urllib.parse.urlencode(params, doseq=True)
+    request = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": basic_auth("admin", admin_password),
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
+        return json.load(answer)
+
+
+def frame_values(frames):
+    """The non-null values of the number fields of Grafana's data frames (an
+    /api/ds/query answer)."""
+    return [
+        v
+        for frame in frames
+        for field, column in zip(frame["schema"]["fields"], frame["data"]["values"])
+        if field.get("type") == "number"
+        for v in column
+        if v is not None
+    ]
 
 
 def basic_auth(user, password):
