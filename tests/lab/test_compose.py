@@ -308,8 +308,14 @@ def test_grafana_queries_prometheus_and_influxdb(grafana):
         assert "error" not in result, result
         return frame_values(result.get("frames", []))
 
-    up = values(sources["prometheus"], {"expr": 'up{job="prometheus"}', "range": True})
-    assert up and set(up) == {1}, up
+    # Grafana may answer a range query over a just-filled window without
+    # frames: ask until it has some.
+    up = wait_until(
+        lambda: values(sources["prometheus"], {"expr": 'up{job="prometheus"}', "range": True}),
+        120,
+        "up of the stack's Prometheus through Grafana's Prometheus datasource",
+    )
+    assert set(up) == {1}, up
     counters = wait_until(
         lambda: values(
             sources["influxdb"],
