@@ -537,8 +537,8 @@ def transfer_overview():
         timeseries(
             "Session throughput and drop threshold",
             "Each session's 1m rate, and the rate below which LonghaulThroughputDrop fires (dashed): "
-            "the session's baseline (90th percentile of its 1m rate over 2 h) times the deployed "
-            "throughput_drop_ratio.",
+            "the session's deployed baseline (a quantile of its 1m rate over a window; by default "
+            "the 90th percentile over 2 h) times the deployed throughput_drop_ratio.",
             "bps",
             [
                 prom_target(
@@ -549,7 +549,7 @@ def transfer_overview():
                 prom_target(
                     "8 * %s * on () group_left () %s"
                     % (
-                        recorded("longhaul:session_throughput_bytes:rate1m_p90_2h", SESSION),
+                        recorded("longhaul:session_throughput_bytes:baseline", SESSION),
                         threshold("throughput_drop_ratio"),
                     ),
                     "{{instance}} {{session}} {{direction}} alert below",
@@ -621,15 +621,15 @@ def transfer_overview():
             [
                 prom_target(
                     "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_pacing_rate_bytes", SESSION, SENDER),
+                    % sel("longhaul_stream_pacing_rate_bytes_per_second", SESSION, SENDER),
                     "{{session}}/{{stream}}",
                 )
             ],
         ),
         timeseries(
             "TCP throughput on the transfer ports",
-            "Bytes acknowledged (send) and received per second by every TCP socket on the "
-            "exporter's configured ports, whatever tool owns it (longhaul, FDT, iperf3).",
+            "Bytes acknowledged (send) and received per second by the TCP sockets of other tools "
+            "(FDT, iperf3) on the exporter's configured ports; longhaul's own are in the panels above.",
             "bps",
             [
                 prom_target(

@@ -23,7 +23,7 @@ import urllib.error
 
 import pytest
 import yaml
-from labkit import REPO, epoch, wait_until
+from labkit import REPO, epoch, frame_values, wait_until
 
 DASHBOARDS = REPO / "dashboards"
 CAMPAIGN = "disk-2-controllers"
@@ -250,18 +250,6 @@ def render_values(values, fmt, datasource_type):
     return "(" + "|".join(escaped) + ")"
 
 
-def points(frames):
-    """Rows with a non-null value in the frames' value fields."""
-    total = 0
-    for frame in frames:
-        fields = frame["schema"]["fields"]
-        columns = frame["data"]["values"]
-        for field, column in zip(fields, columns):
-            if field.get("type") == "number":
-                total += sum(1 for v in column if v is not None)
-    return total
-
-
 # --- tests ---------------------------------------------------------------------------
 
 
@@ -309,7 +297,7 @@ def test_every_panel_returns_data_through_grafana_during_a_transfer(grafana, tra
     for board in lab.grafana("/api/search", params={"type": "dash-db"}):
         dashboard = Dashboard(lab, board["uid"], start_ms, end_ms)
         for title, target, source in dashboard.targets():
-            found = points(dashboard.query(target, source))
+            found = len(frame_values(dashboard.query(target, source)))
             queried.setdefault(source["type"], []).append(found)
             if not found:
                 empty.append(
