@@ -573,19 +573,78 @@ def stream_throughput():
     )
 
 
-def router_query(field, router_total=False):
-    """Bits/s of an SNMP octet counter per interface (or per router)."""
+def router_query(field, router_total=False, factor=" * 8", name="bps"):
+    """Per-second rate of an SNMP counter per interface (or per router): by
+    default bits/s of an octet counter; factor="" and a name for packet
+    counters (errors, discards)."""
     inner = (
-        'SELECT non_negative_derivative(mean("{f}"), 1s) * 8 AS "bps" FROM "{m}" '
+        'SELECT non_negative_derivative(mean("{f}"), 1s){x} AS "{n}" FROM "{m}" '
         'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
         'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
-    ).format(f=field, m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG)
+    ).format(f=field, x=factor, n=name, m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG)
     if not router_total:
         return inner
     return (
-        'SELECT sum("bps") AS "bps" FROM ({inner}) WHERE $timeFilter '
+        'SELECT sum("{n}") AS "{n}" FROM ({inner}) WHERE $timeFilter '
         'GROUP BY time($__interval), "{r}" fill(none)'
-    ).format(inner=inner, r=SNMP_ROUTER_TAG)
+    ).format(inner=inner, n=name, r=SNMP_ROUTER_TAG)
+
+
+def router_packets_panel(title, description, in_field, out_field):
+    """Packets per second of two 32-bit ifTable counters (in and out) per interface."""
+    return timeseries(
+        title,
+        description,
+        "pps",
+        [
+            influx_target(
+                router_query(in_field, factor="", name="pps"), "$tag_router $tag_ifName in", "A"
+            ),
+            influx_target(
+                router_query(out_field, factor="", name="pps"), "$tag_router $tag_ifName out", "B"
+            ),
+        ],
+    )
+
+
+def host_nic_panel(title, description):
+    """Bits per second in and out of each host NIC (node_exporter's netdev)."""
+    return timeseries(
+        title,
+        description,
+        "bps",
+        [
+            prom_target(
+                "8 * sum by (instance, device) (%s)"
+                % rate("node_network_receive_bytes_total", VIRTUAL_NICS),
+                "{{instance}} {{device}} in",
+                "A",
+            ),
+            prom_target(
+                "8 * sum by (instance, device) (%s)"
+                % rate("node_network_transmit_bytes_total", VIRTUAL_NICS),
+                "{{instance}} {{device}} out",
+                "B",
+            ),
+        ],
+    )
+
+
+def other_flows_gauge_panel(title, description, unit, metric):
+    """A per-connection TCP_INFO gauge of other tools' connections (the tcp
+    collector's `flow` slots of each remote host and port range)."""
+    return timeseries(
+        title,
+        description,
+        unit,
+        [
+            prom_target(
+                "max by (instance, remote, ports, flow) (max_over_time(%s[$__rate_interval]))"
+                % sel(metric),
+                "{{instance}} {{remote}} {{ports}} flow {{flow}}",
+            )
+        ],
+    )
 
 
 def router_in_out_panel(title, description, full_width=False):
@@ -816,6 +875,41 @@ def transfer_overview():
                 ),
             ],
         ),
+        other_flows_gauge_panel(
+            "RTT of other tools' connections",
+            "Smoothed round-trip time of each TCP connection of other tools (FDT, iperf3) on the "
+            "exporter's configured ports, per remote host and port range; connections beyond "
+            "the exporter's flow cap are averaged into flow=\"other\".",
+            "s",
+            "longhaul_tcp_rtt_seconds",
+        ),
+        other_flows_gauge_panel(
+            "Congestion window of other tools' connections",
+            "Congestion window in bytes (snd_cwnd x MSS) of each TCP connection of other tools "
+            "on the configured ports; connections beyond the flow cap are summed into "
+            'flow="other".',
+            "bytes",
+            "longhaul_tcp_cwnd_bytes",
+        ),
+        timeseries(
+            "Retransmits of other tools' connections",
+            "TCP segments retransmitted per second on the connections of other tools with each "
+            "remote host on each configured port range (tcpi_total_retrans).",
+            "pps",
+            [
+                prom_target(
+                    "sum by (instance, remote, ports) (%s)"
+                    % rate("longhaul_tcp_retransmits_total"),
+                    "{{instance}} {{remote}} {{ports}}",
+                )
+            ],
+        ),
+        host_nic_panel(
+            "Host NIC traffic",
+            "Bits per second received (in) and sent (out) by each network interface of the "
+            "selected hosts (node_exporter's netdev; loopback, veth and bridges left out): "
+            "everything the host moves, longhaul or not.",
+        ),
         table(
             "Sessions",
             "Sessions the engines report (running, and finished ones for a short while) with "
@@ -909,6 +1003,36 @@ def router_traffic():
                     "$tag_router $tag_ifName",
                 )
             ],
+        ),
+        router_packets_panel(
+            "Errors per interface",
+            "Packets per second received (in) or not sent (out) because of errors on each "
+            "selected interface (ifInErrors, ifOutErrors).",
+            "ifInErrors",
+            "ifOutErrors",
+        ),
+        router_packets_panel(
+            "Discards per interface",
+            "Packets per second dropped without an error on each selected interface (ifInDiscards, "
+            "ifOutDiscards): typically full buffers, the router's own congestion loss.",
+            "ifInDiscards",
+            "ifOutDiscards",
+        ),
+        state_timeline(
+            "Oper status per interface",
+            "Operational state of each selected interface (ifOperStatus): up, down, testing, "
+            "unknown, dormant, notPresent, lowerLayerDown.",
+            [
+                influx_target(
+                    (
+                        'SELECT last("ifOperStatus") AS "status" FROM "{m}" '
+                        'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
+                        'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
+                    ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                    "$tag_router $tag_ifName",
+                )
+            ],
+            OPER_STATUS,
         ),
     ]
     return dashboard(
@@ -1130,6 +1254,11 @@ def campaign():
                     "{{instance}}",
                 )
             ],
+        ),
+        host_nic_panel(
+            "Receiver NIC traffic",
+            "Bits per second in and out of each network interface of the selected hosts "
+            "(choose the receiver as Instance), to set beside the router's view.",
         ),
     ]
     return dashboard(
