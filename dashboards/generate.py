@@ -316,11 +316,7 @@ INTERFACE_VAR = influx_var(
 
 def prom_target(expr, legend="", ref="A", instant=False, table=False):
     target = (
-        prometheus_builder.Dataquery()
-        .expr(expr)
-        .legend_format(legend)
-        .ref_id(ref)
-        .datasource(PROM)
+        prometheus_builder.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(PROM)
     )
     if instant:
         target.instant()
@@ -385,7 +381,9 @@ def timeseries(
         panel.override_by_query(
             ref,
             [
-                model.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "red"}),
+                model.DynamicConfigValue(
+                    id_val="color", value={"mode": "fixed", "fixedColor": "red"}
+                ),
                 model.DynamicConfigValue(
                     id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}
                 ),
@@ -493,7 +491,11 @@ def campaign_annotation():
         .enable(True)
         .icon_color("purple")
         .target(
-            dashboard_builder.AnnotationTarget().type("tags").tags([TAG]).match_any(False).limit(500)
+            dashboard_builder.AnnotationTarget()
+            .type("tags")
+            .tags([TAG])
+            .match_any(False)
+            .limit(500)
         )
     )
 
@@ -879,7 +881,7 @@ def transfer_overview():
             "RTT of other tools' connections",
             "Smoothed round-trip time of each TCP connection of other tools (FDT, iperf3) on the "
             "exporter's configured ports, per remote host and port range; connections beyond "
-            "the exporter's flow cap are averaged into flow=\"other\".",
+            'the exporter\'s flow cap are averaged into flow="other".',
             "s",
             "longhaul_tcp_rtt_seconds",
         ),
