@@ -48,6 +48,7 @@ try:
     from grafana_foundation_sdk.builders import table as table_builder
     from grafana_foundation_sdk.builders import timeseries as timeseries_builder
     from grafana_foundation_sdk.cog import builder as cogbuilder
+    from grafana_foundation_sdk.cog import plugins as cogplugins
     from grafana_foundation_sdk.cog import variants as cogvariants
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.models import common
@@ -432,6 +433,8 @@ def state_timeline(title, description, targets, states):
     return (
         _common(statetimeline_builder.Panel(), title, description, "none", targets, 12, 8)
         .mappings([mapping])
+        .fill_opacity(70)
+        .line_width(0)
         .show_value(common.VisibilityMode.NEVER)
         .merge_values(True)
         .legend(
@@ -1290,9 +1293,28 @@ DASHBOARDS = {
 }
 
 
+def schema_problems(name, board):
+    """The dashboard read back with the SDK's model of Grafana's schema (as
+    `Dashboard.from_json` parses a dashboard) gives the same JSON: no field
+    outside the schema (a dict added by hand would be dropped). The Prometheus annotation
+    fields are ours (PrometheusAnnotationQuery), so they are set aside."""
+    cogplugins.register_default_plugins()
+    ours = ("step", "titleFormat", "textFormat", "tagKeys", "useValueForTime")
+    want = json.loads(json.dumps(board))
+    for annotation in want["annotations"]["list"]:
+        for key in ours:
+            annotation.pop(key, None)
+    back = json.loads(json.dumps(model.Dashboard.from_json(want), cls=JSONEncoder))
+    if back == want:
+        return []
+    return ["%s does not read back through the SDK's schema model unchanged" % name]
+
+
 def problems(dashboards):
     """Invariants the linter does not cover for all data sources."""
     found = []
+    for name, board in dashboards.items():
+        found += schema_problems(name, board)
     for name, board in dashboards.items():
         variables = {v["name"] for v in board["templating"]["list"]}
         tags = [a for a in board["annotations"]["list"] if a["datasource"] == GRAFANA.to_json()]
