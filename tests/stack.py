@@ -160,6 +160,8 @@ class Stack:
                 "--collector.disable-defaults",
                 "--collector.cpu",
                 "--collector.diskstats",
+                # the host NIC panels (the role enables netdev too)
+                "--collector.netdev",
             ],
         )
         self.processes.wait_port(process, port)
