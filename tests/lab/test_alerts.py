@@ -131,6 +131,18 @@ def annotation_results(lab, start, end):
     }
 
 
+def drop_annotations(annotations, session):
+    """The firing LonghaulThroughputDrop of `session` among the dashboard's
+    "Longhaul alerts" annotation series."""
+    return [
+        s
+        for s in annotations.get("Longhaul alerts", [])
+        if s["metric"].get("alertname") == "LonghaulThroughputDrop"
+        and s["metric"].get("session") == session
+        and s["values"]
+    ]
+
+
 def regions(series, gap_s):
     """Grafana's regions of an annotation series: runs of samples no more
     than gap_s apart -> [(start, end)]."""
@@ -209,7 +221,22 @@ def scenario(provisioned):
         seen.firing = sinks(lab)
 
         # While it fires: the dashboards' annotations and the sending side.
-        seen.annotations = annotation_results(lab, seen.steady_start - 30, time.time())
+        # Grafana samples the annotations every `step` on step-aligned instants,
+        # so an alert that fired a few seconds ago may have no sample yet: ask
+        # again until it shows, for up to two steps (it fires until the restore).
+        def drop_annotated():
+            seen.annotations = annotation_results(lab, seen.steady_start - 30, time.time())
+            return drop_annotations(seen.annotations, seen.session)
+
+        try:
+            wait_until(
+                drop_annotated,
+                2 * annotation_step_s() + 15,
+                "the drop in the dashboards' alert annotations",
+                interval=5,
+            )
+        except AssertionError:
+            pass  # test_annotation_queries_find_the_alert_and_the_sessions says what it saw
         seen.sending_side = {
             name: lab.promql(
                 '%s{instance="xfer-b", session="%s", direction="send"}' % (name, seen.session)
@@ -303,13 +330,7 @@ def test_annotation_queries_find_the_alert_and_the_sessions(scenario):
     """The dashboard's Prometheus annotations, through Grafana: the firing drop
     of the session, and each session as a region from its start to its end."""
     alerts = scenario.annotations["Longhaul alerts"]
-    drop = [
-        s
-        for s in alerts
-        if s["metric"].get("alertname") == "LonghaulThroughputDrop"
-        and s["metric"].get("session") == scenario.session
-        and s["values"]
-    ]
+    drop = drop_annotations(scenario.annotations, scenario.session)
     assert drop, "the alert annotation does not show the firing drop: %s" % alerts
     sessions = {s["metric"]["session"]: s for s in scenario.annotations["Sessions"]}
     assert {scenario.steady_session, scenario.session} <= set(sessions), sessions.keys()

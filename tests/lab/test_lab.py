@@ -425,10 +425,17 @@ def test_report_throughput_over_time_stays_within_the_bottleneck(provisioned, me
         middle.append((a, b, bps))
     slow = [s for s in middle[2:] if s[2] < cap * 0.5]
     assert not slow, "intervals under half the bottleneck: %s" % slow
+    # After the sender stopped writing, what sat in socket buffers and the
+    # router's queue still arrives, at the path's rate until the last streams
+    # finish one by one (a straggler tail of a few seconds, real and of varying
+    # length). Counted as written, the curve was zero there: the old tail.
     drain = [(max(a, MEMORY_SECONDS), b, bps) for a, b, bps in steps if b > MEMORY_SECONDS]
     if end - MEMORY_SECONDS >= 2.0:
-        drained = sum(bps * (b - a) for a, b, bps in drain) / (end - MEMORY_SECONDS)
-        assert drained > cap * 0.5, "after the sender stopped: %.0f Mb/s" % (drained / 1e6)
+        drained_bits = sum(bps * (b - a) for a, b, bps in drain)
+        assert drained_bits > 2 * cap, (
+            "after the sender stopped only %.0f Mb arrived (under 2 s of the bottleneck)"
+            % (drained_bits / 1e6)
+        )
     # Requested against measured duration, the difference explained.
     assert report["requested_seconds"] == MEMORY_SECONDS
     asked = "asked for %d s and took %.1f s" % (MEMORY_SECONDS, report["seconds"])
