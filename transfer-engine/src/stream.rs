@@ -12,7 +12,7 @@
 //! session as it is (docs/architecture.md).
 
 use std::io::Read;
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -35,6 +35,10 @@ pub struct StreamStats {
     pub bytes: AtomicU64,
     pub tcp: Mutex<Option<TcpInfo>>,
     pub socket: Arc<TcpStream>,
+    /// The socket's two ends, taken when the stream starts (a closed socket
+    /// no longer knows its peer), for the stats API's connection list.
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
 }
 
 impl StreamStats {
@@ -44,6 +48,8 @@ impl StreamStats {
             role,
             bytes: AtomicU64::new(0),
             tcp: Mutex::new(None),
+            local: socket.local_addr().ok(),
+            peer: socket.peer_addr().ok(),
             socket: Arc::new(socket),
         }
     }
