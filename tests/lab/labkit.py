@@ -82,6 +82,16 @@ class PlaybookRun:
     def tail(self, lines=60):
         return "\n".join(self.output.splitlines()[-lines:])
 
+    def changed_tasks(self):
+        """"host: TASK [role : name]" for every task that reported a change."""
+        found, task = [], "?"
+        for line in self.output.splitlines():
+            if line.startswith("TASK ["):
+                task = line.rstrip(" *")
+            elif line.startswith("changed: ["):
+                found.append("%s: %s" % (line[len("changed: [") :].split("]", 1)[0], task))
+        return found
+
 
 class Lab:
     """Handles on the running lab."""

@@ -106,8 +106,9 @@ def test_second_site_yml_run_changes_nothing(lab):
     print("second site.yml run: %.0f s" % second.seconds)
     assert second.rc == 0, second.tail()
     changed = {host: r["changed"] for host, r in second.recap.items() if r["changed"]}
-    assert not changed, "second site.yml run changed something: %s\n%s" % (
+    assert not changed, "second site.yml run changed something: %s\n%s\n%s" % (
         changed,
+        "\n".join(second.changed_tasks()),
         second.tail(120),
     )
 
