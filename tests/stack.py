@@ -28,6 +28,11 @@ RATE_INTERVAL = "%ds" % (4 * SCRAPE_S)
 # The host name every Prometheus job's `instance` is relabelled to, as the
 # prometheus role does with inventory names.
 HOST = "testhost"
+# The host's site and the WAN link its traffic takes, as the prometheus role
+# attaches the inventory's `site` and `link` (rules/longhaul-links.yml).
+SITE = "site-a"
+LINK = "site-a--site-b"
+HOST_LABEL_JOBS = ("longhaul", "node")
 ROUTER = "test-router"
 # The router's SNMPv3 user, as an inventory would give it (authPriv, SHA/AES).
 SNMP_V3 = {
@@ -174,7 +179,15 @@ class Stack:
             {
                 "job_name": job,
                 "static_configs": [{"targets": [target]}],
-                "relabel_configs": [{"target_label": "instance", "replacement": HOST}],
+                "relabel_configs": [{"target_label": "instance", "replacement": HOST}]
+                + (
+                    [
+                        {"target_label": "site", "replacement": SITE},
+                        {"target_label": "link", "replacement": LINK},
+                    ]
+                    if job in HOST_LABEL_JOBS
+                    else []
+                ),
             }
             for job, target in sorted(self.targets.items())
         ]

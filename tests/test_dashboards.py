@@ -223,6 +223,27 @@ def prom_values(name):
     return values
 
 
+def prom_regex(values):
+    """How Grafana renders a multi-value variable inside a PromQL "..." matcher:
+    a regex escape is a doubled backslash there."""
+    return "(" + "|".join(re.sub(r"[$^*{}\[\]'+?.()|\\]", r"\\\\\g<0>", v) for v in values) + ")"
+
+
+def influx_found(stack, name, start, end):
+    """The values of the InfluxDB variables, each found by its own query (the
+    time filter and the variables before it substituted)."""
+    values = {"timeFilter": "time >= %dms AND time <= %dms" % (start * 1000, end * 1000)}
+    found_by = {}
+    for variable in variables_of(name):
+        if variable["type"] == "query" and variable["datasource"]["type"] == "influxdb":
+            query = substitute(variable["query"], values)
+            found = [row[1] for series in stack.influxql(query) for row in series["values"]]
+            assert found, "variable %s of %s has no values (%s)" % (variable["name"], name, query)
+            found_by[variable["name"]] = found
+            values[variable["name"]] = influx_regex(found)
+    return found_by
+
+
 def influx_values(stack, name, start, end):
     """Grafana's rendering of the InfluxDB variables with "All" selected: the
     alternation of every value their own queries return."""
@@ -230,12 +251,8 @@ def influx_values(stack, name, start, end):
         "__interval": INFLUX_INTERVAL,
         "timeFilter": "time >= %dms AND time <= %dms" % (start * 1000, end * 1000),
     }
-    for variable in variables_of(name):
-        if variable["type"] == "query" and variable["datasource"]["type"] == "influxdb":
-            query = substitute(variable["query"], values)
-            found = [row[1] for series in stack.influxql(query) for row in series["values"]]
-            assert found, "variable %s of %s has no values (%s)" % (variable["name"], name, query)
-            values[variable["name"]] = influx_regex(found)
+    for variable, found in influx_found(stack, name, start, end).items():
+        values[variable] = influx_regex(found)
     return values
 
 
@@ -278,7 +295,12 @@ def test_panel_returns_data(live, name, title, ref, target):
     stack, run = live
     start, end = time_range(run)
     if "expr" in target:
-        expr = substitute(target["expr"], prom_values(name))
+        # A PromQL target may use an InfluxDB variable too (the Links dashboard
+        # selects Telegraf's router series by the router and interface variables).
+        values = prom_values(name)
+        for variable, found in influx_found(stack, name, start, end).items():
+            values[variable] = prom_regex(found)
+        expr = substitute(target["expr"], values)
         if target.get("instant"):
             # Instant panels show "now": take now as during the transfer.
             steady_start, steady_end, _ = steady_window(run)

@@ -55,6 +55,11 @@ pub struct FinalReport {
     pub cpu: CpuPair,
     pub session: String,
     pub peer: String,
+    /// When the client started the data phase (said Start), RFC 3339 UTC
+    /// with milliseconds, and the same instant in Unix seconds: the runs
+    /// of a campaign phase line up on it.
+    pub started: String,
+    pub started_unix: f64,
     /// `--time`, when the run was asked for a duration: `seconds` is longer
     /// by the time the data already written but not yet delivered takes to
     /// reach the receiver after the sender stops writing.
@@ -74,6 +79,7 @@ impl FinalReport {
         mode_report: ModeReport,
         session: String,
         peer: String,
+        started: std::time::SystemTime,
     ) -> FinalReport {
         let local: &Done = &outcome.local;
         let remote: &Done = &outcome.remote;
@@ -129,6 +135,11 @@ impl FinalReport {
             cpu,
             session,
             peer,
+            started: crate::logline::rfc3339(started),
+            started_unix: started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
+                .unwrap_or(0.0),
             requested_seconds: None,
             mode_report,
         }

@@ -37,6 +37,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             server.run()?;
         }
         Command::Send(args) => send_display::send(&args, &mut out, terminal)?,
+        Command::Get(args) => send_display::get(&args, &mut out, terminal)?,
         Command::Sweep(args) => {
             let json = args.json;
             let done = longhaul_science::sweep::run(&args.options())?;

@@ -24,6 +24,8 @@ const FINAL_KEYS: &[&str] = &[
     "cpu",
     "session",
     "peer",
+    "started",
+    "started_unix",
     "requested_seconds",
 ];
 

@@ -197,3 +197,56 @@ fn a_buffer_the_kernel_caps_is_warned_about_naming_the_sysctl() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stderr.contains("net.core.wmem_max"), "{}", out.stderr);
 }
+
+/// `--start-at T`: senders launched up to 1.5 s apart all start their data
+/// phase at T (their JSON `started_unix` within 1 s of each other and not
+/// before T), as a campaign phase needs; a T already past is a usage error.
+#[test]
+fn senders_given_one_start_instant_start_together() {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let server = Server::start(&[]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let at = (now + Duration::from_secs(4)).as_secs_f64();
+    let at_text = format!("{at:.3}");
+    let mut running = Vec::new();
+    for pair in 0..4 {
+        running.push(spawn(&[
+            "send",
+            "--to",
+            &server.addr(),
+            "--start-at",
+            &at_text,
+            "--bytes",
+            "4M",
+            "--json",
+        ]));
+        if pair < 3 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let starts: Vec<f64> = running
+        .into_iter()
+        .map(|r| {
+            let out = r.wait(RUN_TIMEOUT);
+            assert_eq!(out.code, Some(0), "{}", out.stderr);
+            let v = last_json(&out.stdout);
+            assert!(v["started"].as_str().unwrap().ends_with('Z'), "{v}");
+            v["started_unix"].as_f64().unwrap()
+        })
+        .collect();
+    let first = starts.iter().cloned().fold(f64::MAX, f64::min);
+    let last = starts.iter().cloned().fold(f64::MIN, f64::max);
+    assert!(first >= at - 0.001, "started before T: {starts:?} (T {at})");
+    assert!(last - first < 1.0, "start times spread {starts:?}");
+    let out = run(&[
+        "send",
+        "--to",
+        &server.addr(),
+        "--start-at",
+        &format!("{:.3}", at - 60.0),
+        "--bytes",
+        "1M",
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("passed"), "{}", out.stderr);
+}

@@ -1,7 +1,8 @@
 //! The report's figures, from result files and Prometheus: throughput
 //! over time, per stream, CPU and disk IO of transfers; heatmap and curves
 //! of window x streams sweeps; latency, throughput and CPU per message of
-//! message-length sweeps; Prometheus series of a time range. Each is drawn
+//! message-length sweeps; a campaign phase's aggregate per direction, the
+//! engine's beside the router's; Prometheus series of a time range. Each is drawn
 //! with [`crate::charts`] and captioned for the page.
 
 use longhaul_engine::Result;
@@ -9,7 +10,7 @@ use longhaul_units::{format_bps, format_bytes, size_arg};
 use serde_json::Value;
 
 use crate::charts::{bar_chart, byte_rate_unit, heatmap, line_chart, rate_unit, Axis, Bar, Series};
-use crate::prometheus::{self, Unit, MAX_SERIES, QUERIES};
+use crate::prometheus::{self, PromSeries, Unit, MAX_SERIES, QUERIES, ROUTER_OUT};
 use crate::results::{field, Run, SweepFile};
 
 use super::page::{esc, run_label, short, Figure};
@@ -708,6 +709,153 @@ pub fn fig_prometheus(
         });
     }
     figs
+}
+
+/// One run's throughput over absolute time: (start, end, bits/s) of each
+/// interval line (or the whole run at its average), scaled by `share`.
+fn run_steps(run: &Run, share: f64) -> Vec<(f64, f64, f64)> {
+    let t0 = field(&run.result, "started_unix");
+    if run.intervals.is_empty() {
+        let secs = field(&run.result, "seconds");
+        return vec![(t0, t0 + secs, field(&run.result, "throughput_bps") * share)];
+    }
+    run.intervals
+        .iter()
+        .map(|iv| {
+            (
+                t0 + field(iv, "start"),
+                t0 + field(iv, "end"),
+                field(iv, "throughput_bps") * share,
+            )
+        })
+        .collect()
+}
+
+/// The sum of overlapping steps as one step line, in seconds since `t0`.
+fn summed_steps(steps: &[(f64, f64, f64)], t0: f64) -> Vec<(f64, f64)> {
+    let mut edges: Vec<f64> = steps.iter().flat_map(|s| [s.0, s.1]).collect();
+    edges.sort_by(f64::total_cmp);
+    edges.dedup();
+    let mut points = Vec::new();
+    for w in edges.windows(2) {
+        let mid = (w[0] + w[1]) / 2.0;
+        let v: f64 = steps
+            .iter()
+            .filter(|s| s.0 <= mid && mid < s.1)
+            .map(|s| s.2)
+            .sum();
+        points.push((w[0] - t0, v));
+        points.push((w[1] - t0, v));
+    }
+    points
+}
+
+/// Figure 5 of FDT's memory-to-memory page for one campaign phase: the
+/// aggregate throughput of each direction over time, the engine's (the sum
+/// of its runs' interval lines, a bidir run split by what it moved each
+/// way) as solid lines, and beside them, dashed, what the routers'
+/// interfaces sent over the same time (`router`: series from
+/// [`ROUTER_OUT`], time in Unix seconds).
+pub fn fig_phase_aggregate(
+    n: usize,
+    phase: &SweepFile,
+    runs: &[Run],
+    router: &[PromSeries],
+) -> Result<Option<Figure>> {
+    let v = &phase.value;
+    let name = v["phase"].as_str().unwrap_or(&phase.name);
+    let t0 = field(v, "started_unix");
+    let dir = phase.name.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+    let run_named = |run: &str| {
+        let want = if dir.is_empty() {
+            run.to_string()
+        } else {
+            format!("{dir}/{run}")
+        };
+        runs.iter().find(|r| r.name == want)
+    };
+    let mut series = Vec::new();
+    let directions = v["directions"].as_object().cloned().unwrap_or_default();
+    for (i, (key, d)) in directions.iter().enumerate() {
+        let mut steps = Vec::new();
+        for (run, moved) in d["run_bytes"].as_object().into_iter().flatten() {
+            let Some(r) = run_named(run) else { continue };
+            let total = field(&r.result, "bytes");
+            let share = if total > 0.0 {
+                moved.as_f64().unwrap_or(0.0) / total
+            } else {
+                0.0
+            };
+            steps.extend(run_steps(r, share));
+        }
+        if steps.is_empty() {
+            continue;
+        }
+        series.push(Series {
+            name: format!("{key} engine"),
+            points: summed_steps(&steps, t0),
+            dashed: false,
+            color: i,
+            markers: false,
+        });
+    }
+    if series.is_empty() {
+        return Ok(None);
+    }
+    let end = field(v, "ended_unix");
+    for (j, s) in router.iter().take(MAX_SERIES).enumerate() {
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|p| p.0 >= t0 - 30.0 && p.0 <= end + 30.0)
+            .map(|&(t, b)| (t - t0, b))
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        series.push(Series {
+            name: format!("router {}", s.name),
+            points,
+            dashed: true,
+            color: directions.len() + j,
+            markers: true,
+        });
+    }
+    let max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0, f64::max);
+    let (div, unit) = rate_unit(max);
+    for s in &mut series {
+        for p in &mut s.points {
+            p.1 /= div;
+        }
+    }
+    let svg = line_chart(
+        &format!("Phase {name}: aggregate per direction"),
+        (Axis::Linear, "seconds since the phase started"),
+        (Axis::Linear, &format!("throughput ({unit})")),
+        &series,
+    )?;
+    let mut caption = format!(
+        "Phase <code>{}</code>: each direction's aggregate in {unit}, the sum of its runs' \
+         interval lines (solid), started {:.3} s apart",
+        esc(name),
+        field(v, "start_spread_seconds")
+    );
+    if router.is_empty() {
+        caption.push_str("; with --prometheus the routers' interfaces are drawn beside them");
+    } else {
+        caption.push_str(&format!(
+            "; dashed: what the routers' interfaces sent (<code>{}</code>)",
+            esc(ROUTER_OUT.promql)
+        ));
+    }
+    Ok(Some(Figure {
+        id: format!("fig-phase-{}", n + 1),
+        svg,
+        caption: caption + ".",
+    }))
 }
 
 #[cfg(test)]
