@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from labkit import REPO, wait_until
+import yaml
+from labkit import INVENTORY, REPO, wait_until
 
 PHASE_SECONDS = 20
 # Seconds before and after the phase the router comparison integrates over
@@ -26,6 +27,15 @@ TOLERANCE = 0.10
 INFLUX_INTERVAL = "5s"
 # The senders of a phase start within this many seconds of each other.
 START_SPREAD_S = 1.0
+
+
+def site_of(host):
+    """A transfer host's site in the lab's inventory (lab/up writes it); the
+    phase summary names directions and links by sites."""
+    hosts = yaml.safe_load((INVENTORY / "hosts.yml").read_text())["all"]["children"][
+        "transfer_hosts"
+    ]["hosts"]
+    return hosts[host].get("site", host)
 
 
 def run_phase(lab, campaign, phase, tmp_path_factory):
@@ -70,7 +80,8 @@ def router_bits(lab, interface, start, end):
 def test_two_pairs_start_together_and_both_directions_carry_traffic(provisioned, two_pairs):
     directory, phase = two_pairs
     assert phase["start_spread_seconds"] < START_SPREAD_S, phase
-    assert set(phase["directions"]) == {"xfer-a->xfer-b", "xfer-b->xfer-a"}, phase
+    a, b = site_of("xfer-a"), site_of("xfer-b")
+    assert set(phase["directions"]) == {"%s->%s" % (a, b), "%s->%s" % (b, a)}, phase
     starts = {r["name"]: (r["started_unix"], r["started_unix"] + r["seconds"]) for r in phase["runs"]}
     overlap = min(e for _, e in starts.values()) - max(s for s, _ in starts.values())
     assert overlap > 0.8 * PHASE_SECONDS, "the pairs did not run at the same time: %s" % starts
@@ -85,9 +96,10 @@ def test_two_pairs_start_together_and_both_directions_carry_traffic(provisioned,
 def test_each_directions_aggregate_agrees_with_the_router(provisioned, two_pairs):
     lab = provisioned
     _, phase = two_pairs
+    # The router's interface on a site's network: what it sends there arrives in that site.
     towards = {
-        "xfer-b": lab.router_interface(lab.env["LAB_IP_ROUTER_B"]),
-        "xfer-a": lab.router_interface(lab.env["LAB_IP_ROUTER_A"]),
+        site_of("xfer-b"): lab.router_interface(lab.env["LAB_IP_ROUTER_B"]),
+        site_of("xfer-a"): lab.router_interface(lab.env["LAB_IP_ROUTER_A"]),
     }
     start, end = phase["started_unix"], phase["ended_unix"]
     for key, d in phase["directions"].items():
@@ -113,7 +125,8 @@ def test_the_report_draws_the_phase_engine_and_router(provisioned, two_pairs, tm
     html = out.read_text()
     start = html.index('<figure id="fig-phase-1">')
     figure = html[start:html.index("</figure>", start)]
-    assert "xfer-a-&gt;xfer-b engine" in figure and "xfer-b-&gt;xfer-a engine" in figure, figure[:2000]
+    a, b = site_of("xfer-a"), site_of("xfer-b")
+    assert "%s-&gt;%s engine" % (a, b) in figure and "%s-&gt;%s engine" % (b, a) in figure, figure[:2000]
     assert "router router" in figure, "no router series in the phase figure"
 
 
