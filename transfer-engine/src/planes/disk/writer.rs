@@ -909,6 +909,6 @@ fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
     o.dir
         .rename(&partial::part_name(&o.name), &o.name)
         .map_err(io)?;
-    o.dir.unlink(&partial::state_name(&o.name)).map_err(io)?;
+    partial::remove_state(&o.dir, &o.name).map_err(io)?;
     Ok(())
 }
