@@ -101,6 +101,10 @@ def stack(provisioned):
             container = compose("ps", "-q", service).stdout.strip()
             for network in (lab.env["LAB_NET_A"], lab.env["LAB_NET_B"]):
                 subprocess.run(["docker", "network", "connect", network, container], check=True)
+        # Telegraf started before it could reach the router: a poll that failed then
+        # may leave its SNMPv3 session unusable (one run got no router data in 120 s).
+        # Start it again now that the router is reachable, as a host would boot.
+        compose("restart", "telegraf")
         yield (
             lab,
             urls["LONGHAUL_PROMETHEUS_PORT"],
