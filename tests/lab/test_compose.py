@@ -230,14 +230,19 @@ def test_telegraf_writes_the_routers_series_to_influxdb(stack):
         answer = Lab.get_json(influxdb + "/query", {"db": "routers", "q": query}, auth=reader)
         return answer["results"][0].get("series", [])
 
-    series = wait_until(
-        lambda: routers(
-            'SELECT last("ifHCOutOctets") FROM "interface" WHERE time > now() - 2m '
-            'GROUP BY "router", "ifName"'
-        ),
-        120,
-        "the lab router's counters in the compose InfluxDB",
-    )
+    try:
+        series = wait_until(
+            lambda: routers(
+                'SELECT last("ifHCOutOctets") FROM "interface" WHERE time > now() - 2m '
+                'GROUP BY "router", "ifName"'
+            ),
+            120,
+            "the lab router's counters in the compose InfluxDB",
+        )
+    except AssertionError as missing:
+        # The containers' logs go with the stack: keep Telegraf's with the failure.
+        logs = compose("logs", "--no-color", "--tail", "60", "telegraf", check=False)
+        raise AssertionError("%s\ncompose Telegraf's log:\n%s" % (missing, logs.stdout)) from None
     names = {s["tags"]["ifName"] for s in series if s["tags"]["router"] == "router"}
     assert names == {
         lab.router_interface(lab.env["LAB_IP_ROUTER_A"]),
