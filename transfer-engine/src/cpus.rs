@@ -40,7 +40,10 @@ pub fn parse_list(text: &str) -> std::result::Result<Vec<usize>, String> {
             return Err(format!("range {part} runs backwards in CPU list '{text}'"));
         }
         if hi >= MAX_CPUS {
-            return Err(format!("CPU {hi} is beyond the largest supported ({})", MAX_CPUS - 1));
+            return Err(format!(
+                "CPU {hi} is beyond the largest supported ({})",
+                MAX_CPUS - 1
+            ));
         }
         for cpu in lo..=hi {
             if !cpus.contains(&cpu) {
@@ -117,7 +120,11 @@ fn available_parallelism() -> usize {
 pub type Affinity = Option<Vec<usize>>;
 
 /// The workers and where each runs, from `--threads` and `--cpus`.
-pub fn place(threads: Option<usize>, cpus: Option<&[usize]>, topo: &Topology) -> Result<Vec<Affinity>> {
+pub fn place(
+    threads: Option<usize>,
+    cpus: Option<&[usize]>,
+    topo: &Topology,
+) -> Result<Vec<Affinity>> {
     if let Some(list) = cpus {
         if list.is_empty() {
             return Err(Error::Usage("--cpus: the list names no CPU".into()));
@@ -190,12 +197,15 @@ pub fn current_affinity() -> Vec<usize> {
     // SAFETY: as above; sched_getaffinity fills the set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer of the size we pass.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
         return Vec::new();
     }
     // SAFETY: reading bits of an initialised set.
-    (0..MAX_CPUS).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+    (0..MAX_CPUS)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
 }
 
 #[cfg(test)]
@@ -204,7 +214,10 @@ mod tests {
 
     #[test]
     fn cpu_lists_parse_like_the_kernels() {
-        assert_eq!(parse_list("0-3,8,10-11").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(
+            parse_list("0-3,8,10-11").unwrap(),
+            vec![0, 1, 2, 3, 8, 10, 11]
+        );
         assert_eq!(parse_list("1\n").unwrap(), vec![1]);
         assert_eq!(parse_list("2,2,1-2").unwrap(), vec![2, 1]);
         for (bad, needle) in [

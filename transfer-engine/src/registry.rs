@@ -7,7 +7,7 @@
 //! values; when it ends they are frozen into plain numbers, so a finished
 //! session holds no socket and no worker state. The client's end of the
 //! streams is what it last reported over the control connection
-//! (`StreamsReport`, then its `Done`): listed with `peer: true`.
+//! (`StreamsReport`, then its `Done`): listed with `peer_end: true`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +40,8 @@ fn prune(sessions: &mut Vec<Arc<SessionEntry>>) {
 pub struct SessionEntry {
     pub id: String,
     pub peer: String,
+    /// This end of the control connection.
+    pub local: Option<String>,
     pub started_unix: f64,
     inner: Mutex<EntryState>,
 }
@@ -121,13 +123,17 @@ impl SessionEntry {
             id: st.id,
             direction: api_direction(st.role),
             bytes: st.bytes,
+            // The peer's sockets are not on this host.
+            local: None,
+            peer: None,
             tcp: st.tcp,
-            peer: true,
+            peer_end: true,
         }));
         api::Session {
             id: self.id.clone(),
             peer: self.peer.clone(),
             peer_host: s.peer_host.clone(),
+            local: self.local.clone(),
             mode: s.mode,
             direction: s.direction,
             state: s.state,
@@ -145,8 +151,10 @@ fn live_stream(st: &StreamStats) -> api::Stream {
         id: st.id,
         direction: api_direction(st.role),
         bytes: st.bytes(),
+        local: st.local.map(|a| a.to_string()),
+        peer: st.peer.map(|a| a.to_string()),
         tcp: st.last_tcp(),
-        peer: false,
+        peer_end: false,
     }
 }
 
@@ -182,11 +190,13 @@ impl Registry {
         }
     }
 
-    /// Registers a session in the handshake state.
-    pub fn add(&self, id: String, peer: String) -> Arc<SessionEntry> {
+    /// Registers a session in the handshake state; `peer` and `local` are
+    /// the two ends of its control connection.
+    pub fn add(&self, id: String, peer: String, local: Option<String>) -> Arc<SessionEntry> {
         let entry = Arc::new(SessionEntry {
             id,
             peer,
+            local,
             started_unix: unix_now(),
             inner: Mutex::new(EntryState {
                 mode: api::Mode::Memory,

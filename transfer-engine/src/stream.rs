@@ -13,7 +13,7 @@
 //! a stream costs a socket and a few hundred bytes, never a thread.
 
 use std::io::Read;
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -38,6 +38,10 @@ pub struct StreamStats {
     pub bytes: AtomicU64,
     pub tcp: Mutex<Option<TcpInfo>>,
     pub socket: Arc<TcpStream>,
+    /// The socket's two ends, taken when the stream starts (a closed socket
+    /// no longer knows its peer), for the stats API's connection list.
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
     /// Runs the stream's task again; set on its first turn.
     waker: OnceLock<Waker>,
 }
@@ -49,6 +53,8 @@ impl StreamStats {
             role,
             bytes: AtomicU64::new(0),
             tcp: Mutex::new(None),
+            local: socket.local_addr().ok(),
+            peer: socket.peer_addr().ok(),
             socket: Arc::new(socket),
             waker: OnceLock::new(),
         }
@@ -246,10 +252,12 @@ pub fn start(streams: Vec<(Arc<StreamStats>, Work, Finished)>) -> Result<()> {
     let pool = workers::pool()?;
     let mut tasks: Vec<Box<dyn Task>> = Vec::with_capacity(streams.len());
     for (stats, work, finished) in streams {
-        stats
-            .socket
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(format!("stream {}: making the socket non-blocking", stats.id), e))?;
+        stats.socket.set_nonblocking(true).map_err(|e| {
+            Error::io(
+                format!("stream {}: making the socket non-blocking", stats.id),
+                e,
+            )
+        })?;
         let phase = match work {
             Work::Send(source, budget) => Phase::Sending(source, budget),
             Work::Receive(sink) => Phase::Receiving(sink),

@@ -58,7 +58,10 @@ impl Interest {
 pub enum Progress {
     /// Run again when the socket is ready for `on`, at `until`, or when
     /// the task's waker fires, whichever comes first.
-    Wait { on: Interest, until: Option<Instant> },
+    Wait {
+        on: Interest,
+        until: Option<Instant>,
+    },
     /// The turn's allowance is spent and there is more to do right away.
     Yield,
     /// Nothing more to do; the task is dropped.
@@ -193,10 +196,7 @@ struct Shared {
 
 impl Shared {
     fn send(&self, m: Message) {
-        self.inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(m);
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).push(m);
         self.signal();
     }
 
@@ -242,7 +242,12 @@ pub fn pool() -> Result<&'static Pool> {
         Pool::start(placement).map_err(|e| e.to_string())
     })
     .as_ref()
-    .map_err(|e| Error::io("starting the data workers", std::io::Error::other(e.clone())))
+    .map_err(|e| {
+        Error::io(
+            "starting the data workers",
+            std::io::Error::other(e.clone()),
+        )
+    })
 }
 
 fn last_err() -> std::io::Error {
@@ -477,15 +482,16 @@ impl Worker {
     fn inbox(&mut self, batch: &mut Vec<(usize, u32)>) {
         let mut buf = 0u64;
         // SAFETY: reads 8 bytes into a local from our eventfd.
-        unsafe { libc::read(self.shared.wake_fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+        unsafe {
+            libc::read(
+                self.shared.wake_fd.as_raw_fd(),
+                (&mut buf as *mut u64).cast(),
+                8,
+            )
+        };
         self.shared.signalled.store(false, Ordering::Release);
-        let messages = std::mem::take(
-            &mut *self
-                .shared
-                .inbox
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let messages =
+            std::mem::take(&mut *self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner()));
         for m in messages {
             match m {
                 Message::Add(id, task) => batch.push(self.add(id, task)),
@@ -548,7 +554,8 @@ impl Worker {
             waker: &s.waker,
         };
         // A task that panics is finished (its drop tells its owner).
-        let progress = catch_unwind(AssertUnwindSafe(|| task.turn(&turn))).unwrap_or(Progress::Done);
+        let progress =
+            catch_unwind(AssertUnwindSafe(|| task.turn(&turn))).unwrap_or(Progress::Done);
         match progress {
             Progress::Yield => {
                 s.timer = None;
@@ -695,7 +702,10 @@ mod tests {
             turns: 0,
         };
         let wakers = pool().unwrap().spawn(vec![Box::new(task)]);
-        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "ran without a wake");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "ran without a wake"
+        );
         wakers[0].wake();
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
         wakers[0].wake(); // finished: ignored

@@ -77,6 +77,12 @@ pub struct Session {
     /// own); absent when the peer did not say.
     #[serde(default)]
     pub peer_host: Option<String>,
+    /// This engine's end of the control connection, "IP:PORT" (added in
+    /// v1; absent from older engines). With each stream's `local`/`peer`
+    /// it lists every socket of the session, so the exporter's `tcp`
+    /// collector can leave longhaul's own sockets to the `engine` collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
     pub mode: Mode,
     pub direction: Direction,
     pub state: State,
@@ -93,7 +99,7 @@ pub struct Session {
 
 /// One end of a data stream. A session lists its streams once for this
 /// engine's own sockets and, while the peer reports them, once more for the
-/// peer's end of the same connections ([`Stream::peer`]): the two ends of a
+/// peer's end of the same connections ([`Stream::peer_end`]): the two ends of a
 /// stream have opposite directions, so (`id`, `direction`) is unique.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stream {
@@ -103,6 +109,14 @@ pub struct Stream {
     pub direction: Direction,
     /// Payload bytes this end sent or received on the stream.
     pub bytes: u64,
+    /// This engine's end of the stream's socket, "IP:PORT" (added in v1);
+    /// absent on a [`Stream::peer_end`] entry (that socket is on the peer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+    /// The remote end of the stream's socket, "IP:PORT" (added in v1);
+    /// absent on a [`Stream::peer_end`] entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// Latest TCP_INFO sample of this end's socket; absent before the first
     /// sample or after the socket closed.
     #[serde(default)]
@@ -111,7 +125,7 @@ pub struct Stream {
     /// it over the control connection during the data phase; `false` for
     /// this engine's own socket.
     #[serde(default)]
-    pub peer: bool,
+    pub peer_end: bool,
 }
 
 /// The TCP_INFO fields longhaul reports. Units are in the field names:
@@ -167,6 +181,10 @@ mod tests {
         let snap: Snapshot = serde_json::from_str(text).unwrap();
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());
+        assert_eq!(
+            snap.sessions[0].local, None,
+            "an older engine lists no addresses"
+        );
         let again: Snapshot = serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
         assert_eq!(snap, again);
     }

@@ -42,6 +42,9 @@ pub struct TcpSocket {
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub state: u8,
+    /// The socket's inode (idiag_inode): tells a new connection from an
+    /// old one that had the same addresses.
+    pub inode: u32,
     pub info: Option<TcpInfo>,
 }
 
@@ -258,6 +261,8 @@ fn parse_diag_msg(p: &[u8]) -> Option<TcpSocket> {
     };
     let local = SocketAddr::new(addr(8)?, sport);
     let remote = SocketAddr::new(addr(24)?, dport);
+    // After the sockid: expires, rqueue, wqueue, uid, then the inode.
+    let inode = u32::from_ne_bytes(p[68..72].try_into().ok()?);
     let mut info = None;
     let mut attrs = &p[DIAG_MSG_LEN..];
     while attrs.len() >= 4 {
@@ -275,6 +280,7 @@ fn parse_diag_msg(p: &[u8]) -> Option<TcpSocket> {
         local,
         remote,
         state,
+        inode,
         info,
     })
 }
@@ -306,6 +312,7 @@ mod tests {
             .iter()
             .find(|s| s.local.port() == port && s.remote == client.local_addr().unwrap())
             .expect("server socket in the dump");
+        assert!(client_side.inode != 0 && client_side.inode != server_side.inode);
         assert!(server_side.info.unwrap().bytes_received.unwrap() >= 100_000);
     }
 

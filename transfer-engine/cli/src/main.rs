@@ -38,8 +38,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             server.run()?;
         }
         Command::Send(args) => {
-            args.workers.apply("send")?;
+            args.run.workers.apply("send")?;
             send_display::send(&args, &mut out, terminal)?
+        }
+        Command::Get(args) => {
+            args.run.workers.apply("get")?;
+            send_display::get(&args, &mut out, terminal)?
         }
         Command::Sweep(args) => {
             args.workers.apply("sweep")?;

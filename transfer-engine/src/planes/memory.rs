@@ -443,4 +443,3 @@ impl Sink for MemorySink {
         }
     }
 }
-

@@ -287,7 +287,9 @@ impl MessageSource {
                     return Ok(Progress::Yield);
                 }
                 self.want = match budget.limit {
-                    Limit::Bytes(total) => (total.saturating_sub(self.sent)).min(len as u64) as usize,
+                    Limit::Bytes(total) => {
+                        (total.saturating_sub(self.sent)).min(len as u64) as usize
+                    }
                     _ => len,
                 };
             }

@@ -86,7 +86,7 @@ pub struct IoQueue<T> {
 
 enum Kind<T> {
     Uring {
-        ring: io_uring::IoUring,
+        ring: Box<io_uring::IoUring>,
         ops: HashMap<u64, InFlight<T>>,
         next: u64,
         /// The kicker's eventfd and the 8 bytes a read of it fills; the
@@ -143,7 +143,7 @@ impl<T: Send + 'static> IoQueue<T> {
                 return IoQueue {
                     depth,
                     kind: Kind::Uring {
-                        ring,
+                        ring: Box::new(ring),
                         ops: HashMap::new(),
                         next: KICK_KEY,
                         kick: None,
@@ -195,7 +195,9 @@ impl<T: Send + 'static> IoQueue<T> {
                         return Err(io::Error::last_os_error());
                     }
                     // SAFETY: a fresh descriptor we own.
-                    let fd = Arc::new(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+                    let fd = Arc::new(unsafe {
+                        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+                    });
                     let mut buf = Box::new(0u64);
                     arm_kick(ring, &fd, &mut buf);
                     *kick = Some((fd, buf));
@@ -240,7 +242,9 @@ impl<T: Send + 'static> IoQueue<T> {
     pub fn submit(&mut self, op: Op<T>) {
         let f = InFlight { op, done: 0 };
         match &mut self.kind {
-            Kind::Uring { ring, ops, next, .. } => {
+            Kind::Uring {
+                ring, ops, next, ..
+            } => {
                 *next += 1;
                 let key = *next;
                 push(ring, key, &f);
@@ -273,7 +277,9 @@ impl<T: Send + 'static> IoQueue<T> {
             return out;
         }
         match &mut self.kind {
-            Kind::Uring { ring, ops, kick, .. } => {
+            Kind::Uring {
+                ring, ops, kick, ..
+            } => {
                 let ts;
                 let r = match timeout {
                     Some(t) => {
@@ -378,7 +384,9 @@ impl<T> Drop for IoQueue<T> {
             // The kernel must be done with our buffers before they are freed.
             // The kernel must be done with our buffers (and the kick read's)
             // before they are freed: complete the kick read, reap everything.
-            Kind::Uring { ring, ops, kick, .. } => {
+            Kind::Uring {
+                ring, ops, kick, ..
+            } => {
                 let mut kick_pending = kick.is_some();
                 if let Some((fd, _)) = kick {
                     let one: u64 = 1;
@@ -432,7 +440,9 @@ fn push<T>(ring: &mut io_uring::IoUring, key: u64, f: &InFlight<T>) {
     let entry = if f.op.write {
         opcode::Write::new(fd, ptr, len).offset(offset).build()
     } else {
-        opcode::Read::new(fd, ptr.cast_mut(), len).offset(offset).build()
+        opcode::Read::new(fd, ptr.cast_mut(), len)
+            .offset(offset)
+            .build()
     };
     let entry = entry.user_data(key);
     // SAFETY: as above; the ring has room for twice the depth.
@@ -540,7 +550,7 @@ mod tests {
                 let off = d.tag as usize * 4096;
                 let n = *d.result.as_ref().unwrap();
                 assert_eq!(n, (data.len() - off).min(4096), "{backend:?}");
-                assert_eq!(&d.buf.head(n)[..], &data[off..off + n]);
+                assert_eq!(d.buf.head(n), &data[off..off + n]);
             }
             // A read past the end that needs bytes is an early EOF.
             q.submit(Op {

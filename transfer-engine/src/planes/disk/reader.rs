@@ -592,7 +592,13 @@ impl Reader {
             Ok((file, digest)) => {
                 let chunks = chunk_count(it.size);
                 let from_chunk = (it.from / CHUNK_SIZE).min(chunks);
-                lock(&self.p.sending).insert(id, Sending { digest, read: false });
+                lock(&self.p.sending).insert(
+                    id,
+                    Sending {
+                        digest,
+                        read: false,
+                    },
+                );
                 self.open.insert(
                     id,
                     Reading {
@@ -620,11 +626,11 @@ impl Reader {
 
     fn open_file(&self, it: &SendItem) -> Result<(File, OrderedDigest), DiskError> {
         let src = it.src.display().to_string();
-        let file = open_source(&it.src, self.direct, self.follow_symlinks).map_err(|e| {
-            match e.kind() {
-                io::ErrorKind::NotFound => DiskError::SourceVanished { path: src.clone() },
-                _ => DiskError::from_io(src.clone(), e),
-            }
+        let file = open_source(&it.src, self.direct, self.follow_symlinks).map_err(|e| match e
+            .kind()
+        {
+            io::ErrorKind::NotFound => DiskError::SourceVanished { path: src.clone() },
+            _ => DiskError::from_io(src.clone(), e),
         })?;
         let md = file
             .metadata()

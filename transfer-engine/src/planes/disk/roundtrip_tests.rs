@@ -71,7 +71,11 @@ fn run_pairs(
     for i in 0..n as u32 {
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
-        let budget = SendBudget::new(Limit::Bytes(u64::MAX), None, Arc::new(AtomicBool::new(false)));
+        let budget = SendBudget::new(
+            Limit::Bytes(u64::MAX),
+            None,
+            Arc::new(AtomicBool::new(false)),
+        );
         for (sock, role, work) in [
             (a, Role::Send, Work::Send(source(), budget)),
             (b, Role::Receive, Work::Receive(sink())),
@@ -86,7 +90,9 @@ fn run_pairs(
     stream::start(streams).unwrap();
     let mut sent = 0;
     for _ in 0..2 * n {
-        let (role, r) = done.recv_timeout(Duration::from_secs(120)).expect("streams end");
+        let (role, r) = done
+            .recv_timeout(Duration::from_secs(120))
+            .expect("streams end");
         let bytes = r.unwrap();
         if role == Role::Send {
             sent += bytes;

@@ -306,7 +306,14 @@ impl FrameOut {
         let to = payload.len().min(from + allowed);
         let asked = head.len() + (to - from);
         if asked == 0 {
-            return Ok((if from == payload.len() { Wrote::Whole } else { Wrote::Part }, 0));
+            return Ok((
+                if from == payload.len() {
+                    Wrote::Whole
+                } else {
+                    Wrote::Part
+                },
+                0,
+            ));
         }
         let slices = [io::IoSlice::new(head), io::IoSlice::new(&payload[from..to])];
         let n = loop {

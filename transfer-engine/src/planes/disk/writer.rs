@@ -34,9 +34,9 @@ use super::buffer::{AlignedBuf, BufferPool, Take};
 use super::checksum::{chunk_count, chunk_len, hash_prefix, FileDigest, OrderedDigest};
 use super::claims::{ClaimKey, ClaimSet, Claimant};
 use super::devices::{snapshot, DeviceGroup, DeviceMap};
+use super::ioqueue::{Backend, IoQueue, Kicker, Op};
 use super::partial::{self, Have, PartState};
 use super::safepath::{self, Dir, Root};
-use super::ioqueue::{Backend, IoQueue, Kicker, Op};
 use super::wire::{
     DiskReport, FileFailure, FrameHeader, FrameKind, Manifest, ManifestEntry, Plan,
     FRAME_HEADER_LEN,
@@ -793,7 +793,12 @@ struct Worker<'a> {
     io: IoQueue<WriteTag>,
 }
 
-fn write_loop(queue: &WorkQueue, io: IoQueue<WriteTag>, sh: &Arc<Shared>, fin: &SyncSender<Finish>) {
+fn write_loop(
+    queue: &WorkQueue,
+    io: IoQueue<WriteTag>,
+    sh: &Arc<Shared>,
+    fin: &SyncSender<Finish>,
+) {
     let mut w = Worker {
         sh,
         fin,
@@ -1089,6 +1094,6 @@ fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
     o.dir
         .rename(&partial::part_name(&o.name), &o.name)
         .map_err(io)?;
-    o.dir.unlink(&partial::state_name(&o.name)).map_err(io)?;
+    partial::remove_state(&o.dir, &o.name).map_err(io)?;
     Ok(())
 }
