@@ -72,6 +72,40 @@ pub enum Command {
     MemcpyBench,
 }
 
+/// Where the data workers run (`serve`, `send`, `sweep`).
+#[derive(Debug, Args, Clone, Default)]
+pub struct WorkerArgs {
+    /// Data worker threads, each multiplexing many streams (default: one
+    /// per online CPU, or one per CPU of --cpus)
+    #[arg(long, value_name = "N",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_THREADS as u64))]
+    pub threads: Option<usize>,
+    /// Pin the data workers to these CPUs, e.g. 0-3,8 (worker i on the
+    /// i-th CPU of the list)
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    pub cpus: Option<CpuList>,
+}
+
+/// A parsed `--cpus` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+/// Most data worker threads (`--threads`).
+pub const MAX_THREADS: usize = 1024;
+
+fn cpu_list(text: &str) -> Result<CpuList, String> {
+    longhaul_engine::cpus::parse_list(text).map(CpuList)
+}
+
+impl WorkerArgs {
+    /// Sets up this process's data workers; a CPU that is not online is a
+    /// usage error naming it.
+    pub fn apply(&self, sub: &str) -> Result<(), clap::Error> {
+        longhaul_engine::workers::configure(self.threads, self.cpus.as_ref().map(|c| &c.0[..]))
+            .map_err(|e| usage_error(sub, ErrorKind::InvalidValue, e.to_string()))
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Control and data address
@@ -93,6 +127,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_SESSIONS as u64))]
     pub max_sessions: usize,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
 }
 
 /// How a session runs, whatever it moves: `send`'s and `get`'s shared flags.
@@ -130,6 +166,8 @@ pub struct RunArgs {
     /// to every sender of a phase
     #[arg(long, value_name = "T", value_parser = start_instant)]
     pub start_at: Option<std::time::SystemTime>,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
 }
 
 /// Disk mode's flags, shared by `send` (push) and `get` (pull).
@@ -239,6 +277,8 @@ pub struct SweepArgs {
     /// TCP congestion control of the data streams
     #[arg(long, value_name = "ALG")]
     pub cc: Option<String>,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
 }
 
 #[derive(Debug, Args)]

@@ -25,6 +25,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             writeln!(out, "{bps:.0}")?;
         }
         Command::Serve(args) => {
+            args.workers.apply("serve")?;
             let server = Server::bind(args.options())?;
             writeln!(
                 out,
@@ -36,9 +37,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             drop(out);
             server.run()?;
         }
-        Command::Send(args) => send_display::send(&args, &mut out, terminal)?,
-        Command::Get(args) => send_display::get(&args, &mut out, terminal)?,
+        Command::Send(args) => {
+            args.run.workers.apply("send")?;
+            send_display::send(&args, &mut out, terminal)?
+        }
+        Command::Get(args) => {
+            args.run.workers.apply("get")?;
+            send_display::get(&args, &mut out, terminal)?
+        }
         Command::Sweep(args) => {
+            args.workers.apply("sweep")?;
             let json = args.json;
             let done = longhaul_science::sweep::run(&args.options())?;
             if json {

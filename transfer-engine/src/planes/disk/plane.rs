@@ -28,9 +28,7 @@
 //! receiver: verified files, failures, written counters); the client merges
 //! them with [`final_fields`] and fails with [`check`].
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -38,17 +36,18 @@ use serde_json::{json, Value};
 
 use crate::connection::Connection;
 use crate::datapath::{
-    DataPlane, DeviceCounters, ModeReport, PlaneProgress, SendBudget, Sink, Source,
+    DataPlane, DeviceCounters, ModeReport, PlaneProgress, Progress, SendBudget, Sink, Source,
+    StreamIo,
 };
 use crate::error::{Error, Result};
 use crate::messages::{Direction, Message, SessionRequest};
 
 use super::claims::Claimant;
 use super::devices::DeviceGroup;
-use super::reader::SendPipeline;
+use super::reader::{Feed, SendPipeline};
 use super::source::SourceSet;
 use super::wire::{DiskReport, FileFailure, Manifest, ManifestEntry, Plan};
-use super::writer::ReceivePipeline;
+use super::writer::{Intake, ReceivePipeline};
 use super::{DiskError, DiskOptions, CHUNK_SIZE};
 
 /// Target size of one ModeData message: half the control frame limit, so
@@ -336,33 +335,15 @@ fn recv_plan(conn: &mut Connection) -> Result<Plan> {
     }
 }
 
-struct DiskSource {
-    pipeline: Arc<SendPipeline>,
+/// A sending stream of a disk session: frames from the reader pipeline.
+pub(super) struct DiskSource {
+    pub(super) feed: Feed,
 }
 
 impl Source for DiskSource {
-    fn pump(
-        &mut self,
-        sock: &TcpStream,
-        budget: &SendBudget,
-        counter: &std::sync::atomic::AtomicU64,
-    ) -> Result<u64> {
-        let mut w = sock;
-        let pacer = budget.pacer.clone();
-        let pace = move |n: usize| {
-            if let Some(p) = &pacer {
-                p.acquire(n);
-            }
-        };
-        self.pipeline
-            .pump(
-                &mut w,
-                &pace,
-                &|n| {
-                    counter.fetch_add(n, Ordering::Relaxed);
-                },
-                &budget.stop,
-            )
+    fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
+        self.feed
+            .send(io, budget)
             .map_err(|e| Error::io("sending file blocks", e))
     }
 }
@@ -374,7 +355,9 @@ impl DataPlane for SenderPlane {
             .get()
             .cloned()
             .ok_or_else(|| Error::Protocol("disk plan not received".into()))?;
-        Ok(Box::new(DiskSource { pipeline }))
+        Ok(Box::new(DiskSource {
+            feed: Feed::new(pipeline),
+        }))
     }
 
     fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
@@ -670,21 +653,17 @@ fn send_plan(conn: &mut Connection, plan: Plan) -> Result<()> {
     flush(conn, &mut part, true)
 }
 
-struct DiskSink {
-    pipeline: Arc<ReceivePipeline>,
+/// A receiving stream of a disk session: frames into the writer pipeline.
+pub(super) struct DiskSink {
+    pub(super) intake: Intake,
 }
 
 impl Sink for DiskSink {
-    fn drain(&mut self, sock: &TcpStream, counter: &std::sync::atomic::AtomicU64) -> Result<u64> {
-        let mut r = sock;
-        self.pipeline
-            .drain(&mut r, &|n| {
-                counter.fetch_add(n, Ordering::Relaxed);
-            })
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => Error::Protocol(e.to_string()),
-                _ => Error::io("receiving file blocks", e),
-            })
+    fn receive(&mut self, io: &StreamIo<'_>) -> Result<Progress> {
+        self.intake.receive(io).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => Error::Protocol(e.to_string()),
+            _ => Error::io("receiving file blocks", e),
+        })
     }
 }
 
@@ -697,7 +676,7 @@ impl DataPlane for ReceiverPlane {
 
     fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
         Ok(Box::new(DiskSink {
-            pipeline: self.pipeline()?.clone(),
+            intake: Intake::new(self.pipeline()?.clone()),
         }))
     }
 
