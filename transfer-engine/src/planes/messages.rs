@@ -253,14 +253,7 @@ fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 impl MessageSource {
     fn step(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
         let rr = self.params.pattern == Pattern::Rr;
-        if !self.started {
-            self.started = true;
-            if rr {
-                io.sock
-                    .set_nodelay(true)
-                    .map_err(io_err("setting TCP_NODELAY"))?;
-            }
-        }
+        first_turn(&mut self.started, rr, io)?;
         let len = self.params.length as usize;
         let mut moved = 0;
         loop {
@@ -356,17 +349,24 @@ struct MessageSink {
     cpu: f64,
 }
 
+/// On a stream's first turn: request/response turns off Nagle, so a small
+/// message or acknowledgement leaves at once.
+fn first_turn(started: &mut bool, rr: bool, io: &StreamIo<'_>) -> Result<()> {
+    if !*started {
+        *started = true;
+        if rr {
+            io.sock
+                .set_nodelay(true)
+                .map_err(io_err("setting TCP_NODELAY"))?;
+        }
+    }
+    Ok(())
+}
+
 impl MessageSink {
     fn step(&mut self, io: &StreamIo<'_>) -> Result<Progress> {
         let rr = self.params.pattern == Pattern::Rr;
-        if !self.started {
-            self.started = true;
-            if rr {
-                io.sock
-                    .set_nodelay(true)
-                    .map_err(io_err("setting TCP_NODELAY"))?;
-            }
-        }
+        first_turn(&mut self.started, rr, io)?;
         let len = self.params.length;
         let mut moved = 0;
         loop {
