@@ -10,7 +10,7 @@
 #   make test-integration  tests/ on loopback with the built binaries (needs make build)
 #   make test-roles        Molecule: every role's default scenario
 #   make test-lab          the lab end to end (needs make build; LAB_ID picks a lab)
-#   make bench             benchmarks: memory, disk, exporter
+#   make bench             benchmarks: memory (vs iperf3 and a baseline engine), disk, exporter
 #   make demo              the product end to end on this machine; make demo-down undoes it
 #   make demo-down         remove the demo's lab (keeps results/)
 #   make clean             remove cargo's target directory, dist/ and results/
@@ -71,6 +71,8 @@ test-roles:
 test-lab:
 	@$(STAGE) test-lab scripts/pytest-run tests/lab
 
+# bench-memory builds the baseline engine (BENCH_BASELINE, a git revision) once into
+# $(LONGHAUL_CACHE)/bench-baseline/ and ends with issue 16's targets, PASS/FAIL each.
 bench: build
 	@for b in memory disk exporter; do $(STAGE) bench-$$b scripts/bench-$$b; done
 
