@@ -282,7 +282,7 @@ impl FlowBook {
                     (
                         slot.to_string(),
                         f64::from(info.rtt_us),
-                        cwnd_bytes(info),
+                        info.cwnd_bytes(),
                         pacing_rate(info),
                     )
                 })
@@ -298,7 +298,7 @@ impl FlowBook {
                 per_flow.push((
                     OTHER.into(),
                     others.iter().map(|i| f64::from(i.rtt_us)).sum::<f64>() / others.len() as f64,
-                    others.iter().map(|i| cwnd_bytes(i)).sum(),
+                    others.iter().map(|i| i.cwnd_bytes()).sum(),
                     (!rates.is_empty()).then(|| rates.iter().sum()),
                 ));
             }
@@ -329,10 +329,6 @@ impl FlowBook {
     }
 }
 
-fn cwnd_bytes(info: &TcpInfo) -> u64 {
-    u64::from(info.snd_cwnd) * u64::from(info.snd_mss)
-}
-
 fn pacing_rate(info: &TcpInfo) -> Option<u64> {
     info.pacing_rate.filter(|&p| p != UNLIMITED_PACING)
 }
@@ -350,6 +346,7 @@ mod tests {
             pacing_rate: Some(UNLIMITED_PACING),
             bytes_acked: Some(acked),
             bytes_received: Some(7),
+            ..TcpInfo::default()
         }
     }
 

@@ -147,6 +147,7 @@ mod tests {
                 pacing_rate: None,
                 bytes_acked: Some(5),
                 bytes_received: Some(7),
+                ..TcpInfo::default()
             }),
         }
     }
