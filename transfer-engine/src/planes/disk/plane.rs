@@ -304,7 +304,7 @@ impl DataPlane for ClientPlane {
             human: human_lines(&files, &devices),
             files: Some(files),
             devices: Some(devices),
-            messages: None,
+            ..ModeReport::default()
         }
     }
 
