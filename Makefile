@@ -1,10 +1,19 @@
-# longhaul: thin targets over scripts/ (see README.md).
-#   make setup   install everything a fresh Debian machine needs (idempotent)
-#   make build   release binaries, completions and man pages into dist/
-#   make test    everything CI runs (runs setup first)
-#   make lint    rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard checks
-#   make bench   benchmarks: memory, disk, exporter
-#   make demo    the product end to end on this machine; make demo-down undoes it
+# longhaul: thin targets over scripts/ (see README.md). `make help` prints
+# the lines below, one per target (tests/test_makefile.py checks that every
+# target is listed):
+#   make help              this list
+#   make setup             install everything a fresh Debian machine needs (idempotent)
+#   make build             release binaries, completions and man pages into dist/
+#   make test              everything CI runs (runs setup first): the stages below
+#   make lint              rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard checks
+#   make test-rust         cargo test of the workspace
+#   make test-integration  tests/ on loopback with the built binaries (needs make build)
+#   make test-roles        Molecule: every role's default scenario
+#   make test-lab          the lab end to end (needs make build; LAB_ID picks a lab)
+#   make bench             benchmarks: memory (vs iperf3 and a baseline engine), disk, exporter
+#   make demo              the product end to end on this machine; make demo-down undoes it
+#   make demo-down         remove the demo's lab (keeps results/)
+#   make clean             remove cargo's target directory, dist/ and results/
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -23,7 +32,7 @@ BINARIES := longhaul longhaul-exporter longhaul-delay
 .PHONY: help setup build lint test test-rust test-integration test-roles test-lab bench demo demo-down clean
 
 help:
-	@sed -n 's/^#   //p' Makefile
+	@sed -n 's/^#   make /make /p' Makefile
 
 setup:
 	@$(STAGE) setup scripts/setup
@@ -37,13 +46,14 @@ build:
 lint:
 	@$(STAGE) lint scripts/lint
 
+# Load-sensitive tests (WAN emulation, hostile peers) run on a quiet machine first;
+# Molecule and the lab mostly wait on containers, so they run side by side.
 test: setup
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory test-rust
 	@$(MAKE) --no-print-directory build
 	@$(MAKE) --no-print-directory test-integration
-	@$(MAKE) --no-print-directory test-roles
-	@$(MAKE) --no-print-directory test-lab
+	@MAKE="$(MAKE)" $(STAGE) roles+lab scripts/together test-roles test-lab
 
 # A test that cannot run here fails (longhaul-testkit), unless LONGHAUL_ALLOW_SKIP=1;
 # check-test-skips refuses tests that print a skip of their own and pass.
@@ -61,6 +71,8 @@ test-roles:
 test-lab:
 	@$(STAGE) test-lab scripts/pytest-run tests/lab
 
+# bench-memory builds the baseline engine (BENCH_BASELINE, a git revision) once into
+# $(LONGHAUL_CACHE)/bench-baseline/ and ends with issue 16's targets, PASS/FAIL each.
 bench: build
 	@for b in memory disk exporter; do $(STAGE) bench-$$b scripts/bench-$$b; done
 

@@ -2,6 +2,8 @@
 processes that are always cleaned up. Topic-specific set-ups (a monitoring
 stack, a lab) live in their own modules and build on these."""
 
+import time
+
 import pytest
 
 import helpers
@@ -9,6 +11,55 @@ import helpers
 # tests/fixtures holds data trees (the fake disk server's sysfs, whose
 # symlinks loop like the kernel's): nothing to collect there.
 collect_ignore = ["fixtures"]
+
+
+# Progress: a line when each test starts and one with its outcome and
+# duration (set-up and teardown included) when it ends, so a long stage
+# (the lab's is about 15 minutes) shows which test runs and for how long,
+# where `-q` alone prints a dot per test.
+_started = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _started[nodeid] = time.monotonic()
+    _progress_line("%s ..." % nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    took = time.monotonic() - _started.pop(nodeid, time.monotonic())
+    _progress_line("%s %s in %.1fs" % (nodeid, _outcomes.pop(nodeid, "done"), took))
+
+
+_outcomes = {}
+
+
+def pytest_runtest_logreport(report):
+    # The first failure or skip decides; "passed" only when every phase passed.
+    if report.outcome != "passed" or report.when == "call":
+        _outcomes.setdefault(report.nodeid, report.outcome.upper())
+
+
+def pytest_report_teststatus(report, config):
+    # A passing test has its line: no dot for it (letters of other outcomes stay).
+    if report.when == "call" and report.passed and not hasattr(report, "wasxfail"):
+        return "passed", "", "PASSED"
+    return None
+
+
+_reporter = None
+
+
+def pytest_sessionstart(session):
+    global _reporter
+    _reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+
+def _progress_line(text):
+    if _reporter is None:
+        return
+    if _reporter._tw.width_of_current_line:  # after -q's dots
+        _reporter.write("\n")
+    _reporter.write_line("  " + text)
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@ against live data without Grafana.
 
 Each `start_*` method starts one real component with a temporary directory
 and free ports: the longhaul engine (`longhaul serve`) and longhaul-exporter,
-node_exporter, snmpd (IF-MIB of this host), InfluxDB 1.x, Telegraf polling
-snmpd into InfluxDB, and Prometheus with the repository's rules scraping the
+node_exporter, snmpd (IF-MIB of this host, an SNMPv3 authPriv user), InfluxDB
+1.x, Telegraf polling snmpd into InfluxDB with the configuration the telegraf
+role writes (rendered from the role by lab/compose/render.yml, nothing written
+here by hand), and Prometheus with the repository's rules scraping the
 exporters every second. Query helpers run PromQL and InfluxQL against it.
 """
 
@@ -15,6 +17,8 @@ import time
 import urllib.error
 from pathlib import Path
 
+import yaml
+
 import helpers
 
 # Scrape, rule and Telegraf poll period of the stack. One second keeps the
@@ -24,13 +28,26 @@ RATE_INTERVAL = "%ds" % (4 * SCRAPE_S)
 # The host name every Prometheus job's `instance` is relabelled to, as the
 # prometheus role does with inventory names.
 HOST = "testhost"
+# The host's site and the WAN link its traffic takes, as the prometheus role
+# attaches the inventory's `site` and `link` (rules/longhaul-links.yml).
+SITE = "site-a"
+LINK = "site-a--site-b"
+HOST_LABEL_JOBS = ("longhaul", "node")
 ROUTER = "test-router"
-SNMP_COMMUNITY = "longhaul-test"
+# The router's SNMPv3 user, as an inventory would give it (authPriv, SHA/AES).
+SNMP_V3 = {
+    "snmp_version": 3,
+    "snmp_v3_user": "longhaul-test",
+    "snmp_v3_auth_password": "stack-auth-secret",
+    "snmp_v3_priv_password": "stack-priv-secret",
+}
 INFLUX_DB = "routers"
 # Telegraf's SNMP table as the telegraf role writes it.
 SNMP_MEASUREMENT = "interface"
 SNMP_INTERFACES = ["lo", "eth0"]
 
+RENDER = helpers.REPO / "lab" / "compose" / "render.yml"
+VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
 PROMETHEUS = "/usr/bin/prometheus"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 INFLUXD = "/usr/bin/influxd"
@@ -58,7 +75,9 @@ class Stack:
         self.influx_url = None
         self.engine_port = None
         self.stats_port = None
+        self.other_tool_port = None
         self.snmp_port = None
+        self.snmp_host = None
 
     def _dir(self, name):
         path = self.workdir / name
@@ -100,11 +119,41 @@ class Stack:
                 "--engine.url",
                 "http://%s:%d" % (helpers.LOOPBACK, self.stats_port),
                 "--collector.tcp.ports",
-                str(self.engine_port),
+                ",".join(str(p) for p in (self.engine_port, self.other_tool_port) if p),
             ],
         )
         self.processes.wait_port(process, port)
         self.targets["longhaul"] = "%s:%d" % (helpers.LOOPBACK, port)
+
+    def start_other_tool(self):
+        """An iperf3 server: another tool's TCP flows, which the exporter's tcp
+        collector reports (longhaul's own it leaves to the engine collector).
+        Start it before the exporter, which then watches its port too."""
+        iperf3 = require("/usr/bin/iperf3", "iperf3")
+        self.other_tool_port = helpers.free_port()
+        process = self.processes.start(
+            "iperf3-server",
+            [iperf3, "-s", "-B", helpers.LOOPBACK, "-p", str(self.other_tool_port)],
+        )
+        self.processes.wait_port(process, self.other_tool_port)
+
+    def run_other_tool(self, seconds):
+        """An iperf3 transfer of `seconds` at a modest rate; returns the Popen."""
+        return subprocess.Popen(
+            [
+                require("/usr/bin/iperf3", "iperf3"),
+                "-c",
+                helpers.LOOPBACK,
+                "-p",
+                str(self.other_tool_port),
+                "-t",
+                str(seconds),
+                "-b",
+                "200M",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def start_node_exporter(self):
         port = helpers.free_port()
@@ -116,6 +165,8 @@ class Stack:
                 "--collector.disable-defaults",
                 "--collector.cpu",
                 "--collector.diskstats",
+                # the host NIC panels (the role enables netdev too)
+                "--collector.netdev",
             ],
         )
         self.processes.wait_port(process, port)
@@ -128,7 +179,15 @@ class Stack:
             {
                 "job_name": job,
                 "static_configs": [{"targets": [target]}],
-                "relabel_configs": [{"target_label": "instance", "replacement": HOST}],
+                "relabel_configs": [{"target_label": "instance", "replacement": HOST}]
+                + (
+                    [
+                        {"target_label": "site", "replacement": SITE},
+                        {"target_label": "link", "replacement": LINK},
+                    ]
+                    if job in HOST_LABEL_JOBS
+                    else []
+                ),
             }
             for job, target in sorted(self.targets.items())
         ]
@@ -160,13 +219,23 @@ class Stack:
             lambda: helpers.http_get(self.prometheus_url + "/-/ready"), 30, "Prometheus ready"
         )
 
-    def start_snmpd(self):
-        """snmpd answering IF-MIB for this host's interfaces on a UDP port."""
+    def start_snmpd(self, address=helpers.LOOPBACK):
+        """snmpd answering IF-MIB for this host's interfaces on a UDP port of
+        `address` (an IPv6 one works too), to an SNMPv3 authPriv user."""
         self.snmp_port = helpers.free_udp_port()
+        self.snmp_host = address
+        listen = "udp6:[%s]" % address if ":" in address else "udp:%s" % address
         conf = self._dir("snmpd") / "snmpd.conf"
         conf.write_text(
-            "agentAddress udp:%s:%d\nrocommunity %s %s\n"
-            % (helpers.LOOPBACK, self.snmp_port, SNMP_COMMUNITY, helpers.LOOPBACK)
+            'agentAddress %s:%d\ncreateUser %s SHA "%s" AES "%s"\nrouser -s usm %s priv\n'
+            % (
+                listen,
+                self.snmp_port,
+                SNMP_V3["snmp_v3_user"],
+                SNMP_V3["snmp_v3_auth_password"],
+                SNMP_V3["snmp_v3_priv_password"],
+                SNMP_V3["snmp_v3_user"],
+            )
         )
         process = self.processes.start(
             "snmpd",
@@ -230,89 +299,63 @@ class Stack:
             "InfluxDB database " + INFLUX_DB,
         )
 
+    def render_telegraf_config(self, binary, prometheus_listen=None):
+        """telegraf.conf as the telegraf role writes it for this stack's router:
+        lab/compose/render.yml (the role's template, and its deploy-time walk that
+        resolves snmp_interfaces to ifIndex values) with an inventory of one router
+        and this stack's addresses and 1 s poll as extra variables."""
+        out = self._dir("telegraf")
+        inventory = out / "inventory.yml"
+        router = dict(SNMP_V3, snmp_host=self.snmp_host, snmp_port=self.snmp_port)
+        router["snmp_interfaces"] = SNMP_INTERFACES
+        inventory.write_text(
+            yaml.safe_dump({"all": {"children": {"routers": {"hosts": {ROUTER: router}}}}})
+        )
+        extra = {
+            "compose_output": str(out / "rendered"),
+            "telegraf_binary_src": binary,
+            "telegraf_interval": "%ds" % SCRAPE_S,
+            "telegraf_flush_interval": "%ds" % SCRAPE_S,
+            "telegraf_snmp_timeout": "2s",
+            "telegraf_snmp_retries": 1,
+            "telegraf_influxdb_urls": [self.influx_url or "http://%s:8086" % helpers.LOOPBACK],
+            "telegraf_influxdb_username": "",
+            "telegraf_input_cpu": False,
+            "telegraf_prometheus_client": prometheus_listen is not None,
+            "telegraf_prometheus_client_listen": prometheus_listen or ":9273",
+        }
+        env = dict(os.environ, ANSIBLE_CONFIG=str(helpers.REPO / "ansible" / "ansible.cfg"))
+        env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
+        done = subprocess.run(
+            ["ansible-playbook", "-i", str(inventory), str(RENDER), "--tags", "telegraf"]
+            + ["-e", json.dumps(extra)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert done.returncode == 0, "render.yml failed:\n%s%s" % (done.stdout[-3000:], done.stderr)
+        return out / "rendered" / "telegraf" / "telegraf.conf"
+
     def start_telegraf(self):
-        """Telegraf polling snmpd every second into InfluxDB, configured like
-        roles/telegraf (measurement, tags and fields)."""
-        fields = "".join(
-            '\n    [[inputs.snmp.table.field]]\n      name = "%s"\n      oid = "%s"%s\n'
-            % (name, oid, "\n      is_tag = true" if name == "ifName" else "")
-            for name, oid in [
-                ("ifName", ".1.3.6.1.2.1.31.1.1.1.1"),
-                ("ifHCInOctets", ".1.3.6.1.2.1.31.1.1.1.6"),
-                ("ifHCOutOctets", ".1.3.6.1.2.1.31.1.1.1.10"),
-                ("ifHighSpeed", ".1.3.6.1.2.1.31.1.1.1.15"),
-            ]
-        )
-        conf = self._dir("telegraf") / "telegraf.conf"
-        conf.write_text(
-            """[agent]
-  interval = "{interval}s"
-  round_interval = false
-  flush_interval = "{interval}s"
-  snmp_translator = "gosmi"
-
-[[inputs.snmp]]
-  agents = ["udp://{host}:{port}"]
-  version = 2
-  community = "{community}"
-  timeout = "2s"
-  retries = 1
-  agent_host_tag = "source"
-  path = []
-
-  [inputs.snmp.tags]
-    router = "{router}"
-
-  [inputs.snmp.tagpass]
-    ifName = {interfaces}
-
-  [[inputs.snmp.field]]
-    name = "sysName"
-    oid = ".1.3.6.1.2.1.1.5.0"
-    is_tag = true
-
-  [[inputs.snmp.table]]
-    name = "{measurement}"
-    inherit_tags = ["sysName"]
-{fields}
-[[outputs.influxdb]]
-  urls = ["{influx}"]
-  database = "{db}"
-  timeout = "5s"
-""".format(
-                interval=SCRAPE_S,
-                host=helpers.LOOPBACK,
-                port=self.snmp_port,
-                community=SNMP_COMMUNITY,
-                router=ROUTER,
-                interfaces=json.dumps(SNMP_INTERFACES),
-                measurement=SNMP_MEASUREMENT,
-                fields=fields,
-                influx=self.influx_url,
-                db=INFLUX_DB,
-            )
-        )
+        """Telegraf polling snmpd every second into InfluxDB, configured by the
+        telegraf role's template (measurement, tags, fields, SNMPv3)."""
         binary = require(TELEGRAF, "telegraf")
         outputs = subprocess.run(
             [binary, "plugins", "outputs"], capture_output=True, text=True, timeout=30
         ).stdout.split()
-        port = None
-        if "outputs.prometheus_client" in outputs:
-            # What RouterCountersStale watches: the same SNMP data and
-            # Telegraf's own write statistics, scraped as job "telegraf".
-            port = helpers.free_port()
-            with conf.open("a") as text:
-                text.write(
-                    "\n[[inputs.internal]]\n\n[[outputs.prometheus_client]]\n"
-                    '  listen = "%s:%d"\n  metric_version = 2\n' % (helpers.LOOPBACK, port)
-                )
-            self.targets["telegraf"] = "%s:%d" % (helpers.LOOPBACK, port)
+        # What RouterCountersStale watches: the same SNMP data and Telegraf's
+        # own write statistics, scraped as job "telegraf". scripts/setup
+        # builds Telegraf with it; a build without it is a broken setup.
+        assert "outputs.prometheus_client" in outputs, (
+            "%s has no outputs.prometheus_client (RouterCountersStale needs it): "
+            "rebuild it with scripts/setup" % binary
+        )
+        port = helpers.free_port()
+        self.targets["telegraf"] = "%s:%d" % (helpers.LOOPBACK, port)
+        conf = self.render_telegraf_config(binary, "%s:%d" % (helpers.LOOPBACK, port))
         process = self.processes.start("telegraf", [binary, "--config", conf])
-        if port:
-            self.processes.wait_port(process, port)
-        else:
-            time.sleep(0.5)
-            self.processes.check_running(process)
+        self.processes.wait_port(process, port)
 
     # --- queries ---------------------------------------------------------------
 

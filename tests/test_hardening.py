@@ -111,6 +111,11 @@ def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
         time.sleep(max(0.0, started + HOLD_S - time.monotonic()))
         second = send(port, "--streams", 2, "--time", 2, "--token-file", token)
         assert second.returncode == 0, second.stderr
+        # Every silent stranger is cut by the admission deadline; on a loaded
+        # machine the crowd notices late, so allow one more deadline.
+        cut_by = time.monotonic() + 10.0
+        while crowd.reopened < 300 and time.monotonic() < cut_by:
+            time.sleep(0.2)
         assert crowd.reopened >= 300, f"the server never cut the crowd ({crowd.reopened})"
         processes.check_running(proc)
     for s in stalled:
@@ -230,6 +235,9 @@ def test_1024_streams_all_move_and_memory_is_returned(processes):
 
 
 def test_16_concurrent_35_stream_sessions_all_move(processes):
+    # 560 streams on two cores, 3 s each: every process runs its streams on a
+    # worker per core in fair turns (issue 16), so none waits for a thread of
+    # its own to be scheduled (thread per stream starved up to 12 of a session).
     _, port, _ = start_engine(processes)
     runs = [
         subprocess.Popen(

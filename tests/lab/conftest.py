@@ -5,8 +5,9 @@ The `lab` fixture brings the lab down (whatever was left), up from scratch
 must change nothing), and removes it at the end of the session (lab/down).
 For debugging: LONGHAUL_LAB_KEEP=1 keeps the lab afterwards, and
 LONGHAUL_LAB_REUSE=1 reuses a running, provisioned lab as it is (no site.yml
-run; the provisioning tests are skipped). The tests talk only to the lab's
-containers (docker exec) and their addresses on the lab networks.
+run: the provisioning tests fail, or skip with LONGHAUL_ALLOW_SKIP=1). The
+tests talk only to the lab's containers (docker exec) and their addresses on
+the lab networks.
 
 These tests run as their own stage (`scripts/pytest-run tests/lab`): a run of
 the whole tests/ directory skips them, so nothing outside tests/lab needs the

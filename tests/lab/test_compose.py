@@ -1,27 +1,56 @@
-"""docker-compose.yml, for real: the monitoring stack on one box.
+"""docker-compose.yml, for real: the monitoring stack on one box, watching the lab.
 
-No registry is reachable here, so the stack runs with lab/compose.offline.yml
-(images built from Debian's packages and the local Telegraf; no Grafana). The
-configuration is rendered from the Ansible roles by lab/compose/render.yml.
-Every service must answer; the stack is removed afterwards.
+The stack comes up with the images built here (Debian packages, the local
+Telegraf; no registry is reachable), its configuration rendered from the
+Ansible roles by lab/compose/render.yml with the lab's inventory: Prometheus
+scrapes the lab's hosts, Telegraf polls the lab router with SNMPv3. Its
+containers join the lab networks (docker network connect). Checks: first an
+empty stack (no inventory, as before any host is provisioned) raises no
+alert; then, against the lab: every Prometheus target up, Alertmanager
+reached, longhaul and node series present, the router's series
+in InfluxDB (written by Telegraf with its own user, read with Grafana's) under
+the retention policy of the influxdb role, Grafana (a profile, off by default;
+its image built from the scripts/build-grafana artifact) serving every
+dashboard and answering queries through both datasources, the upstream-images
+override well formed; then the stack is removed.
 """
 
+import contextlib
+import json
 import os
 import subprocess
-import urllib.request
+import urllib.error
 
 import pytest
-from labkit import LAB, Lab, wait_until
+from labkit import LAB, REPO, Lab, frame_values, grafana_api, wait_until
 
 import helpers
 
 PROJECT = "longhaul-test-%d" % os.getpid()
 # Image builds (first run only) and start-up on a busy 2-core machine.
 UP_TIMEOUT_S = 900
+# Grafana's first start creates its database (a minute on a busy machine).
+GRAFANA_START_S = 300
+DASHBOARDS = REPO / "dashboards"
+GENERATED = LAB / "compose" / "generated"
 
 
-@pytest.fixture(scope="module")
-def compose():
+def compose(*args, check=True, project=PROJECT):
+    done = subprocess.run(
+        ["docker", "compose", "--project-directory", str(REPO), "-p", project, *args],
+        capture_output=True,
+        text=True,
+    )
+    assert not check or done.returncode == 0, "docker compose %s: %s" % (args, done.stderr)
+    return done
+
+
+@contextlib.contextmanager
+def compose_stack(project, inventory=None, grafana=False):
+    """lab/compose/up on free ports (rendered with `inventory`'s hosts and
+    routers, or none; with the grafana profile if asked), yields the services'
+    URLs, then lab/compose/down. Both stacks render into
+    lab/compose/generated/: one at a time."""
     ports = {
         "LONGHAUL_PROMETHEUS_PORT": helpers.free_port(),
         "LONGHAUL_ALERTMANAGER_PORT": helpers.free_port(),
@@ -30,47 +59,95 @@ def compose():
     }
     env = Lab.env_for_ansible()
     env.update({name: str(port) for name, port in ports.items()})
+    if inventory:
+        env["RENDER_INVENTORY"] = str(inventory)
     try:
         done = subprocess.run(
-            [str(LAB / "compose" / "up"), "--offline", "-p", PROJECT],
+            [str(LAB / "compose" / "up"), "-p", project] + (["--grafana"] if grafana else []),
             capture_output=True,
             text=True,
             env=env,
             timeout=UP_TIMEOUT_S,
         )
-        assert done.returncode == 0, "lab/compose/up --offline failed:\n%s%s" % (
+        assert done.returncode == 0, "lab/compose/up failed:\n%s%s" % (
             done.stdout[-3000:],
             done.stderr[-3000:],
         )
         yield {name: "http://127.0.0.1:%d" % port for name, port in ports.items()}
     finally:
         subprocess.run(
-            [str(LAB / "compose" / "down"), "-p", PROJECT],
+            [str(LAB / "compose" / "down"), "-p", project],
             capture_output=True,
             env=env,
             timeout=300,
         )
 
 
-def status(url):
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return answer.status
+@pytest.fixture
+def empty_stack(provisioned):
+    """The stack as a user brings it up before any host is provisioned: no
+    inventory, so Prometheus scrapes only itself, Alertmanager and Telegraf.
+    Up and down around its one test, before the lab-backed stack below."""
+    with compose_stack(PROJECT + "-empty") as urls:
+        yield urls
 
 
-def test_prometheus_answers_with_the_rules(compose):
-    url = compose["LONGHAUL_PROMETHEUS_PORT"]
-    wait_until(lambda: status(url + "/-/ready") == 200, 60, "Prometheus ready")
-    groups = Lab.get_json(url + "/api/v1/rules")["data"]["groups"]
-    assert {"longhaul-throughput", "longhaul-transfers"} <= {g["name"] for g in groups}
+@pytest.fixture(scope="module")
+def stack(provisioned):
+    lab = provisioned
+    with compose_stack(PROJECT, REPO / "ansible" / "inventories" / "lab", grafana=True) as urls:
+        # The lab's hosts are on its two networks: let the stack reach them.
+        for service in ("prometheus", "telegraf"):
+            container = compose("ps", "-q", service).stdout.strip()
+            for network in (lab.env["LAB_NET_A"], lab.env["LAB_NET_B"]):
+                subprocess.run(["docker", "network", "connect", network, container], check=True)
+        # Telegraf started before it could reach the router: a poll that failed then
+        # may leave its SNMPv3 session unusable (one run got no router data in 120 s).
+        # Start it again now that the router is reachable, as a host would boot.
+        compose("restart", "telegraf")
+        yield (
+            lab,
+            urls["LONGHAUL_PROMETHEUS_PORT"],
+            urls["LONGHAUL_INFLUXDB_PORT"],
+            urls["LONGHAUL_GRAFANA_PORT"],
+        )
 
 
-def test_an_empty_stack_raises_no_alert(compose):
-    """Before any host is provisioned the stack scrapes only itself,
-    Alertmanager and Telegraf. Once every rule group has been evaluated, no
-    alert is pending or firing: alerts only watch targets that are expected
-    to be up (LonghaulExporterDown used to fire for the missing longhaul job)."""
-    url = compose["LONGHAUL_PROMETHEUS_PORT"]
-    wait_until(lambda: status(url + "/-/ready") == 200, 60, "Prometheus ready")
+@pytest.fixture(scope="module")
+def grafana(stack):
+    """The stack's Grafana, once its database is ready: a function
+    (path, body=None, params=None) -> its HTTP API's answer, as its admin."""
+    url = stack[3]
+    password = (GENERATED / "secrets" / "grafana-admin-password").read_text().strip()
+
+    def api(path, body=None, params=None):
+        return grafana_api(url, password, path, body, params)
+
+    def healthy():
+        try:
+            return api("/api/health").get("database") == "ok"
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    wait_until(healthy, GRAFANA_START_S, "the compose Grafana's /api/health")
+    return api
+
+
+def query(prometheus, expr):
+    answer = Lab.get_json(prometheus + "/api/v1/query", {"query": expr})
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def test_an_empty_stack_raises_no_alert(empty_stack, provisioned):
+    """Once every rule group has been evaluated twice, no alert is pending or
+    firing: alerts only watch targets that are expected to be up
+    (LonghaulExporterDown used to fire for the missing longhaul job)."""
+    url = empty_stack["LONGHAUL_PROMETHEUS_PORT"]
+    wait_until(lambda: provisioned.ready(url + "/-/ready"), 60, "Prometheus ready")
+    targets = Lab.get_json(url + "/api/v1/targets")["data"]["activeTargets"]
+    assert "longhaul" not in {t["labels"]["job"] for t in targets}, targets
+
     def evaluations():
         """Each rule group's last evaluation (year 1 until the first one)."""
         groups = Lab.get_json(url + "/api/v1/rules")["data"]["groups"]
@@ -90,10 +167,27 @@ def test_an_empty_stack_raises_no_alert(compose):
     assert alerts == [], alerts
 
 
-def test_alertmanager_answers_and_prometheus_reaches_it(compose):
-    url = compose["LONGHAUL_ALERTMANAGER_PORT"]
-    wait_until(lambda: status(url + "/-/ready") == 200, 60, "Alertmanager ready")
-    prometheus = compose["LONGHAUL_PROMETHEUS_PORT"]
+def test_every_prometheus_target_is_up(stack):
+    lab, prometheus, _, _ = stack
+    wait_until(lambda: lab.ready(prometheus + "/-/ready"), 60, "Prometheus ready")
+
+    def health():
+        targets = Lab.get_json(prometheus + "/api/v1/targets")["data"]["activeTargets"]
+        return {(t["labels"]["job"], t["labels"]["instance"]): t["health"] for t in targets}
+
+    wait_until(
+        lambda: health() and all(h == "up" for h in health().values()),
+        120,
+        "every target of the compose Prometheus up",
+    )
+    jobs = {job for job, _ in health()}
+    assert {"prometheus", "alertmanager", "node", "longhaul", "telegraf"} <= jobs, health()
+    instances = {instance for job, instance in health() if job == "longhaul"}
+    assert instances == {"xfer-a", "xfer-b"}, health()
+
+
+def test_prometheus_reaches_alertmanager(stack):
+    _, prometheus, _, _ = stack
     wait_until(
         lambda: Lab.get_json(prometheus + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"],
         60,
@@ -101,24 +195,169 @@ def test_alertmanager_answers_and_prometheus_reaches_it(compose):
     )
 
 
-def test_influxdb_answers_and_telegraf_writes_to_it(compose):
-    url = compose["LONGHAUL_INFLUXDB_PORT"]
-    wait_until(lambda: status(url + "/ping") == 204, 60, "InfluxDB /ping")
-
-    def measurements():
-        answer = Lab.get_json(url + "/query", {"db": "routers", "q": "SHOW MEASUREMENTS"})
-        return answer["results"][0].get("series")
-
-    wait_until(measurements, 90, "Telegraf's measurements in InfluxDB (database routers)")
-
-
-def test_no_grafana_offline(compose):
-    """Grafana cannot be installed here: the offline stack leaves it out."""
-    done = subprocess.run(
-        ["docker", "compose", "-p", PROJECT, "ps", "--services", "--status", "running"],
-        capture_output=True,
-        text=True,
-        check=True,
+def test_longhaul_and_node_series(stack):
+    _, prometheus, _, _ = stack
+    wait_until(
+        lambda: query(prometheus, 'longhaul_exporter_collector_success{collector="engine"}'),
+        60,
+        "longhaul-exporter series",
     )
-    services = set(done.stdout.split())
-    assert services == {"prometheus", "alertmanager", "influxdb", "telegraf"}, services
+    for expr in (
+        'node_cpu_seconds_total{instance="xfer-b", mode="softirq"}',
+        'longhaul_controller_info{instance="xfer-a"}',
+    ):
+        assert query(prometheus, expr), expr
+
+
+def test_rules_come_with_the_roles_thresholds_and_durations(stack):
+    _, prometheus, _, _ = stack
+    rules = [
+        rule
+        for group in Lab.get_json(prometheus + "/api/v1/rules")["data"]["groups"]
+        for rule in group["rules"]
+    ]
+    drop = next(r for r in rules if r["name"] == "LonghaulThroughputDrop")
+    assert drop["duration"] == 300, "for: of the prometheus role's defaults (5m)"
+    flags = Lab.get_json(prometheus + "/api/v1/status/flags")["data"]
+    assert flags["storage.tsdb.retention.time"] == "30d", "the prometheus role's retention"
+
+
+def test_telegraf_writes_the_routers_series_to_influxdb(stack):
+    lab, _, influxdb, _ = stack
+    reader = ("grafana", (GENERATED / "secrets" / "influxdb-grafana-password").read_text().strip())
+
+    def routers(query):
+        answer = Lab.get_json(influxdb + "/query", {"db": "routers", "q": query}, auth=reader)
+        return answer["results"][0].get("series", [])
+
+    try:
+        series = wait_until(
+            lambda: routers(
+                'SELECT last("ifHCOutOctets") FROM "interface" WHERE time > now() - 2m '
+                'GROUP BY "router", "ifName"'
+            ),
+            120,
+            "the lab router's counters in the compose InfluxDB",
+        )
+    except AssertionError as missing:
+        # The containers' logs go with the stack: keep Telegraf's with the failure.
+        logs = compose("logs", "--no-color", "--tail", "60", "telegraf", check=False)
+        raise AssertionError("%s\ncompose Telegraf's log:\n%s" % (missing, logs.stdout)) from None
+    names = {s["tags"]["ifName"] for s in series if s["tags"]["router"] == "router"}
+    assert names == {
+        lab.router_interface(lab.env["LAB_IP_ROUTER_A"]),
+        lab.router_interface(lab.env["LAB_IP_ROUTER_B"]),
+    }
+    policies = routers("SHOW RETENTION POLICIES")[0]["values"]
+    assert ["routers_30d", "720h0m0s", "24h0m0s", 1, True] in policies, policies
+    # Only with credentials: InfluxDB runs with authentication.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        Lab.get_json(influxdb + "/query", {"q": "SHOW DATABASES"})
+    assert refused.value.code == 401
+
+
+def test_grafana_is_a_profile_left_off_by_default(stack):
+    default = set(compose("config", "--services").stdout.split())
+    assert default == {"prometheus", "alertmanager", "influxdb", "influxdb-init", "telegraf"}
+    assert "grafana" in compose("--profile", "grafana", "config", "--services").stdout.split()
+    # This stack asked for it (lab/compose/up --grafana).
+    running = set(compose("ps", "--services", "--status", "running").stdout.split())
+    assert running == {"prometheus", "alertmanager", "influxdb", "telegraf", "grafana"}, running
+
+
+def test_grafana_runs_the_artifact_built_here(grafana):
+    health = grafana("/api/health")
+    assert health["version"].startswith("10.") and health["database"] == "ok", health
+    image = compose("--profile", "grafana", "images", "grafana", "--format", "json").stdout
+    assert "longhaul/compose-grafana" in image, image
+
+
+def test_grafana_serves_every_dashboard(grafana):
+    want = {json.loads(p.read_text())["uid"]: p.name for p in DASHBOARDS.glob("*.json")}
+    listed = wait_until(
+        lambda: (lambda found: found if set(found) == set(want) else None)(
+            {b["uid"]: b for b in grafana("/api/search", params={"type": "dash-db"})}
+        ),
+        60,
+        "every dashboard of dashboards/ in the compose Grafana's /api/search",
+    )
+    for uid, name in want.items():
+        answer = grafana("/api/dashboards/uid/%s" % uid)
+        assert answer["meta"]["provisioned"], answer["meta"]
+        assert answer["meta"]["provisionedExternalId"] == name, answer["meta"]
+        assert answer["dashboard"]["panels"], name
+        assert listed[uid]["folderTitle"] == "longhaul", listed[uid]
+
+
+def test_grafana_queries_prometheus_and_influxdb(grafana):
+    """Through Grafana's query path (/api/ds/query), with the datasources
+    render.yml provisioned: the stack's Prometheus (itself is up) and InfluxDB
+    as Grafana's reader user (the lab router's counters Telegraf wrote)."""
+    sources = {d["type"]: d for d in grafana("/api/datasources")}
+    assert {"prometheus", "influxdb"} <= set(sources), sources
+    for source in sources.values():
+        health = grafana("/api/datasources/uid/%s/health" % source["uid"])
+        assert health["status"] == "OK", (source["name"], health)
+
+    def values(source, target):
+        body = {
+            "from": "now-5m",
+            "to": "now",
+            "queries": [
+                dict(
+                    target,
+                    refId="A",
+                    datasource={"uid": source["uid"], "type": source["type"]},
+                    intervalMs=15000,
+                    maxDataPoints=100,
+                )
+            ],
+        }
+        result = grafana("/api/ds/query", body)["results"]["A"]
+        assert "error" not in result, result
+        return frame_values(result.get("frames", []))
+
+    # Grafana may answer a range query over a just-filled window without
+    # frames: ask until it has some.
+    up = wait_until(
+        lambda: values(sources["prometheus"], {"expr": 'up{job="prometheus"}', "range": True}),
+        120,
+        "up of the stack's Prometheus through Grafana's Prometheus datasource",
+    )
+    assert set(up) == {1}, up
+    counters = wait_until(
+        lambda: values(
+            sources["influxdb"],
+            {
+                "rawQuery": True,
+                "resultFormat": "time_series",
+                "query": 'SELECT last("ifHCOutOctets") FROM "interface" WHERE $timeFilter '
+                "GROUP BY time(30s)",
+            },
+        ),
+        120,
+        "the router's counters through Grafana's InfluxDB datasource",
+    )
+    assert max(counters) > 0, counters
+
+
+def test_the_upstream_images_override_is_well_formed(stack):
+    done = compose(
+        "-f",
+        str(REPO / "docker-compose.yml"),
+        "-f",
+        str(REPO / "docker-compose.upstream.yml"),
+        "--profile",
+        "grafana",
+        "config",
+        "--images",
+    )
+    images = set(done.stdout.split())
+    assert {
+        "prom/prometheus:v2.53.2",
+        "prom/alertmanager:v0.27.0",
+        "influxdb:1.8",
+        "telegraf:1.34",
+        "grafana/grafana:11.2.0",
+    } <= images
+    assert not any(image.startswith("longhaul/") for image in images), images

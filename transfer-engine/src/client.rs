@@ -7,7 +7,7 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::attach::{AttachHeader, SESSION_ID_LEN};
 use crate::auth::{from_hex, to_hex, Token};
@@ -29,6 +29,18 @@ const PARALLEL_CONNECTS: usize = 16;
 /// TCP_INFO sampling period when nobody watches the run.
 const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 
+/// How long ago a `--start-at` instant may have passed when the run begins:
+/// the orchestrator hands one instant to every sender of a phase, and a
+/// sender that starts later than this is out of step with the others.
+pub const START_AT_SLACK: Duration = Duration::from_secs(1);
+
+/// With `--start-at`, how long before the instant the client connects and
+/// attaches. The server gives a session [`crate::limits::ATTACH_TIMEOUT`]
+/// (30 s) from its request to its Start, so a client must not wait for a
+/// far instant while attached; 10 s covers the handshake and attaching 1,024
+/// streams over a long path.
+pub const START_AT_CONNECT_AHEAD: Duration = Duration::from_secs(10);
+
 /// Idle streams named in the warning; the rest are counted.
 const IDLE_STREAMS_SHOWN: usize = 10;
 
@@ -49,6 +61,9 @@ pub struct SendOptions {
     /// `--strict`: a stream that moved no bytes fails the run.
     pub strict: bool,
     pub token: Option<Token>,
+    /// `--start-at`: connect and attach shortly before, start the data phase at
+    /// this instant (a campaign phase hands one to all its senders).
+    pub start_at: Option<SystemTime>,
     /// The mode and what it moves.
     pub payload: Payload,
 }
@@ -65,6 +80,7 @@ impl SendOptions {
             direction: Direction::Send,
             strict: false,
             token: None,
+            start_at: None,
             payload,
         }
     }
@@ -256,8 +272,27 @@ fn check_idle_streams(
 pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
     let mut req = opts.request();
     session::validate(&req)?;
+    if let Some(at) = opts.start_at {
+        if let Ok(late) = SystemTime::now().duration_since(at) {
+            if late > START_AT_SLACK {
+                return Err(Error::Usage(format!(
+                    "--start-at {} passed {:.1} s ago; hand the senders a later instant",
+                    crate::logline::rfc3339(at),
+                    late.as_secs_f64()
+                )));
+            }
+        }
+    }
     let plane = planes::client_plane(&req, &opts.payload)?;
     req.mode_params = plane.mode_params();
+    // The plane is ready (a disk tree walked and hashed); connect shortly
+    // before the instant.
+    if let Some(at) = opts.start_at {
+        let connect_at = at.checked_sub(START_AT_CONNECT_AHEAD).unwrap_or(at);
+        if let Ok(wait) = connect_at.duration_since(SystemTime::now()) {
+            std::thread::sleep(wait);
+        }
+    }
     let addr = connection::resolve(&opts.to)?;
     let mut conn = Connection::new(connection::connect(addr)?)?;
     let accepted = handshake(&mut conn, &req, opts.token.as_ref(), plane.as_ref())?;
@@ -271,6 +306,13 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     let (events_tx, events) = mpsc::channel();
     session::spawn_control_reader(reader, events_tx.clone())?;
     let streams = session::stream_stats(&req, Side::Client, sockets);
+    if let Some(at) = opts.start_at {
+        // Everything is attached: only the Start message is left.
+        if let Ok(wait) = at.duration_since(SystemTime::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let started = SystemTime::now();
     conn.send(&Message::Start)?;
 
     let mut unwatched = |_: &Live<'_>| {};
@@ -304,12 +346,17 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     );
     plane.check(local, remote)?;
     check_idle_streams(&req, plane.as_ref(), &outcome, opts.strict)?;
-    Ok(FinalReport::from_outcome(
+    let mut report = FinalReport::from_outcome(
         req.mode,
         req.direction,
         &outcome,
         plane.report(local, remote),
         to_hex(&accepted.session_id),
         addr.to_string(),
-    ))
+        started,
+    );
+    if let Some(Amount::Seconds(s)) = opts.payload.amount() {
+        report.requested_seconds = Some(s);
+    }
+    Ok(report)
 }

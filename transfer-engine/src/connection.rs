@@ -72,6 +72,11 @@ impl Connection {
         self.peer
     }
 
+    /// This end's address, when the socket still knows it.
+    pub fn local(&self) -> Option<SocketAddr> {
+        self.writer.local_addr().ok()
+    }
+
     /// The underlying socket (for timeouts, shutdown, cloning a reader).
     pub fn socket(&self) -> &TcpStream {
         &self.writer

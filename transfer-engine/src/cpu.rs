@@ -1,5 +1,7 @@
 //! CPU accounting of the data phase: machine-wide user/system/softirq from
-//! /proc/stat deltas and the process's own CPU time from getrusage.
+//! /proc/stat deltas and the process's own CPU time from getrusage, and
+//! which kernel counted them (its boot id), so a report can tell when both
+//! ends read one machine's /proc/stat.
 
 use crate::messages::CpuReport;
 
@@ -27,6 +29,19 @@ fn read_proc_stat() -> ([u64; 8], u32) {
         }
     }
     (total, cpus)
+}
+
+/// The first 48 bits of the kernel's boot id (`/proc/sys/kernel/random/boot_id`,
+/// a UUID drawn at boot): the same for every process and container on one
+/// kernel. 0 when it cannot be read.
+pub fn kernel_boot_id() -> u64 {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: String = text
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(12)
+        .collect();
+    u64::from_str_radix(&hex, 16).unwrap_or(0)
 }
 
 fn rusage_self() -> (f64, f64) {
@@ -77,6 +92,7 @@ impl CpuSnapshot {
             process_user_seconds: round_ms(end.process_user - self.process_user),
             process_system_seconds: round_ms(end.process_system - self.process_system),
             cpus: end.cpus,
+            kernel_boot_id: kernel_boot_id(),
         }
     }
 }
@@ -84,6 +100,14 @@ impl CpuSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_id_is_read_and_stable() {
+        let id = kernel_boot_id();
+        assert_ne!(id, 0, "/proc/sys/kernel/random/boot_id unreadable");
+        assert_eq!(id, kernel_boot_id());
+        assert!(id < 1 << 48);
+    }
 
     #[test]
     fn busy_loop_shows_up_as_process_cpu() {

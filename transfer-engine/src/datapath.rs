@@ -11,11 +11,14 @@
 //! its device counters for the stats API and its progress for the client's
 //! display.
 //!
-//! [`SendBudget`] tells a source how much to send: the stream's limit
-//! (bytes or time), the shared pacer and the fair start of all streams.
+//! Sources and sinks never block: the data workers ([`crate::workers`])
+//! call them in turns, each on a non-blocking socket, and a turn ends with
+//! a [`Progress`] (wait for the socket, for a time or for a [`Waker`];
+//! yield; done). [`SendBudget`] tells a source how much it may send: the
+//! stream's limit (bytes or time) and the shared pacer.
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +28,7 @@ use serde_json::Value;
 use crate::connection::Connection;
 use crate::error::Result;
 use crate::pacer::Pacer;
+pub use crate::workers::{Interest, Progress, Waker};
 
 /// When a sending stream stops.
 #[derive(Debug, Clone, Copy)]
@@ -38,37 +42,15 @@ pub enum Limit {
     Until(Instant),
 }
 
-/// Makes the sending streams of one end that already moved data pause
-/// until every one of them has started sending. A 1024-stream session on
-/// a few cores otherwise leaves the scheduler to decide which streams run:
-/// the busy ones keep the CPUs and some streams never send a byte.
-#[derive(Debug)]
-pub struct FairStart {
-    not_started: AtomicUsize,
-}
-
-/// How long a stream that already sent naps while others have not started.
-const FAIR_START_NAP: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// Streams stop waiting for the others after this long, whatever happens
-/// (a stream that cannot start in this time is stuck for other reasons).
-const FAIR_START_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl FairStart {
-    /// A start for `streams` sending streams.
-    pub fn new(streams: usize) -> FairStart {
-        FairStart {
-            not_started: AtomicUsize::new(streams),
-        }
-    }
-
-    fn started(&self) {
-        self.not_started.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    fn everyone_started(&self) -> bool {
-        self.not_started.load(Ordering::Acquire) == 0
-    }
+/// What a source may send now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Up to this many bytes.
+    Send(usize),
+    /// Nothing before this instant (the pacer's slot, or the deadline).
+    WaitUntil(Instant),
+    /// Nothing more: the limit is reached, or the session stopped.
+    Done,
 }
 
 /// Everything a [`Source`] needs to know about how much to send.
@@ -77,15 +59,24 @@ pub struct SendBudget {
     pub limit: Limit,
     /// Shared in-process pacer of this direction (`--rate`).
     pub pacer: Option<Arc<Pacer>>,
-    /// Shared by this end's sending streams; see [`FairStart`].
-    pub fair: Option<Arc<FairStart>>,
-    /// Whether this stream told `fair` it started.
-    pub counted: std::cell::Cell<bool>,
-    /// Set when the session fails; sources stop at the next chunk.
+    /// Set when the session fails; sources stop at their next grant.
     pub stop: Arc<AtomicBool>,
+    /// Bytes the pacer granted that are not sent yet, and from when.
+    credit: usize,
+    credit_from: Option<Instant>,
 }
 
 impl SendBudget {
+    pub fn new(limit: Limit, pacer: Option<Arc<Pacer>>, stop: Arc<AtomicBool>) -> SendBudget {
+        SendBudget {
+            limit,
+            pacer,
+            stop,
+            credit: 0,
+            credit_from: None,
+        }
+    }
+
     /// The streams started at `start`: a [`Limit::For`] ends then.
     pub fn started_at(&mut self, start: Instant) {
         if let Limit::For(d) = self.limit {
@@ -93,57 +84,111 @@ impl SendBudget {
         }
     }
 
-    /// Bytes to send next after `sent` so far (0 = done).
-    pub fn next_chunk(&self, sent: u64, max: usize) -> usize {
-        if self.stop.load(Ordering::Relaxed) {
-            return 0;
-        }
-        if let Some(fair) = &self.fair {
-            if !self.counted.replace(true) {
-                fair.started();
-            } else {
-                self.wait_for_the_others(fair);
-            }
-        }
-        let max = match &self.pacer {
-            Some(p) => max.min(p.chunk()),
-            None => max,
-        };
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// The `--time` deadline: a stream waiting for its socket looks again
+    /// then, even if the socket stays full.
+    pub fn deadline(&self) -> Option<Instant> {
         match self.limit {
-            Limit::Bytes(total) => (total.saturating_sub(sent)).min(max as u64) as usize,
-            Limit::Until(deadline) if Instant::now() < deadline => max,
-            Limit::Until(_) => 0,
-            // Not started: the stream worker calls `started_at` first.
-            Limit::For(_) => 0,
+            Limit::Until(d) => Some(d),
+            _ => None,
         }
     }
 
-    /// Naps while some stream of this end has not sent yet (bounded by the
-    /// deadline, the stop flag and [`FAIR_START_MAX_WAIT`]).
-    fn wait_for_the_others(&self, fair: &FairStart) {
-        let since = Instant::now();
-        while !fair.everyone_started()
-            && !self.stop.load(Ordering::Relaxed)
-            && since.elapsed() < FAIR_START_MAX_WAIT
-            && !matches!(self.limit, Limit::Until(d) if Instant::now() >= d)
-        {
-            std::thread::sleep(FAIR_START_NAP);
+    /// How much to send next after `sent` so far, at most `max`.
+    pub fn grant(&mut self, sent: u64, max: usize) -> Grant {
+        if self.stopped() {
+            return Grant::Done;
         }
+        let max = match self.limit {
+            Limit::Bytes(total) => match total.saturating_sub(sent) {
+                0 => return Grant::Done,
+                left => left.min(max as u64) as usize,
+            },
+            Limit::Until(deadline) if Instant::now() < deadline => max,
+            Limit::Until(_) => return Grant::Done,
+            // Not started: the stream calls `started_at` first.
+            Limit::For(_) => return Grant::Done,
+        };
+        self.pace(max)
+    }
+
+    /// How much of `max` bytes the pacer lets out now, whatever the limit
+    /// (disk mode sends its files, not an amount).
+    pub fn pace(&mut self, mut max: usize) -> Grant {
+        if self.stopped() {
+            return Grant::Done;
+        }
+        if let Some(p) = &self.pacer {
+            if self.credit == 0 {
+                let chunk = p.chunk();
+                self.credit_from = Some(p.reserve(chunk));
+                self.credit = chunk;
+            }
+            if let Some(from) = self.credit_from {
+                if from > Instant::now() {
+                    let until = self.deadline().map_or(from, |d| d.min(from));
+                    return Grant::WaitUntil(until);
+                }
+            }
+            max = max.min(self.credit);
+        }
+        Grant::Send(max)
+    }
+
+    /// `n` of the granted bytes went out.
+    pub fn spent(&mut self, n: usize) {
+        self.credit = self.credit.saturating_sub(n);
+    }
+
+    /// How a source that would block on its socket waits: for the socket
+    /// to become writable, or the deadline.
+    pub fn until_writable(&self) -> Progress {
+        Progress::Wait {
+            on: Interest::WRITE,
+            until: self.deadline(),
+        }
+    }
+}
+
+/// A stream's socket and counter, as one turn of its source or sink sees
+/// them.
+pub struct StreamIo<'a> {
+    /// Non-blocking.
+    pub sock: &'a TcpStream,
+    /// The stream's live byte counter: add every payload byte moved.
+    pub counter: &'a AtomicU64,
+    /// Bytes this turn may move before it yields.
+    pub allowance: usize,
+    /// Wakes the stream; for whatever it waits for besides the socket.
+    pub waker: &'a Waker,
+}
+
+impl StreamIo<'_> {
+    /// Counts `n` payload bytes moved.
+    pub fn moved(&self, n: u64) {
+        self.counter.fetch_add(n, Ordering::Relaxed);
     }
 }
 
 /// Produces a sending stream's payload.
 pub trait Source: Send {
-    /// Writes payload to `sock` until the budget says stop, adding every
-    /// byte accepted by the kernel to `counter`. Returns the total.
-    fn pump(&mut self, sock: &TcpStream, budget: &SendBudget, counter: &AtomicU64) -> Result<u64>;
+    /// Sends for one turn; [`Progress::Done`] once the budget says stop (the
+    /// stream then half-closes the socket).
+    fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress>;
 }
 
 /// Consumes a receiving stream's payload.
 pub trait Sink: Send {
-    /// Reads from `sock` until end of stream, adding to `counter`. Returns
-    /// the total.
-    fn drain(&mut self, sock: &TcpStream, counter: &AtomicU64) -> Result<u64>;
+    /// Receives for one turn; [`Progress::Done`] at the end of the stream.
+    fn receive(&mut self, io: &StreamIo<'_>) -> Result<Progress>;
+}
+
+/// Whether an I/O error only means the non-blocking socket is not ready.
+pub fn would_block(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock
 }
 
 /// One end's data plane of one session: a factory of sources and sinks

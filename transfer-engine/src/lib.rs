@@ -8,7 +8,9 @@
 //!
 //! 1. Ground: [`error`], [`limits`] (every named timeout and limit),
 //!    [`pacer`], [`cpu`], [`sockopt`], [`logline`], [`memory`],
-//!    [`membench`].
+//!    [`membench`], [`cpus`] (CPU lists, NUMA nodes, worker placement),
+//!    [`workers`] (the data workers: a few threads multiplexing every
+//!    stream of the process with epoll).
 //! 2. Wire: [`frame`] (length-prefixed frames), [`messages`] (every
 //!    control message), [`auth`] and [`attach`] (tokens, proofs, the data
 //!    connection's header), [`connection`] (a control connection),
@@ -31,6 +33,7 @@ pub mod auth;
 pub mod client;
 pub mod connection;
 pub mod cpu;
+pub mod cpus;
 pub mod datapath;
 pub mod error;
 pub mod frame;
@@ -51,6 +54,7 @@ pub mod session;
 pub mod sockopt;
 pub mod stats_http;
 pub mod stream;
+pub mod workers;
 
 pub use error::{Error, Result};
 

@@ -28,9 +28,10 @@ pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// timeout fires within this much of [`DATA_IDLE_TIMEOUT`].
 pub const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
 
-/// SO_RCVTIMEO/SO_SNDTIMEO of data sockets: a backstop behind the watchdog
-/// (a blocking call cannot hang past it even if the session thread is
-/// stuck), longer than [`DATA_IDLE_TIMEOUT`] so the watchdog speaks first.
+/// SO_RCVTIMEO/SO_SNDTIMEO of data sockets while they still block: the
+/// attach exchange of a new data connection. Once the data workers run a
+/// stream its socket is non-blocking and the watchdog alone bounds it;
+/// longer than [`DATA_IDLE_TIMEOUT`] so the watchdog would speak first.
 pub const DATA_SOCKET_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// After the data phase: a sending stream waiting for the receiver to close

@@ -185,6 +185,12 @@ pub struct CpuReport {
     pub process_system_seconds: f64,
     /// CPUs in /proc/stat, to turn percentages into cores.
     pub cpus: u32,
+    /// [`crate::cpu::kernel_boot_id`] of this end: equal on both ends when
+    /// they share one kernel (containers on one host, loopback), and then
+    /// both percentages above are the same machine's. 0 from peers that do
+    /// not send it.
+    #[serde(default)]
+    pub kernel_boot_id: u64,
 }
 
 /// The end-of-data report of one stream, from the end that sent `Done`.

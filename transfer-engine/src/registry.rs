@@ -7,7 +7,7 @@
 //! values; when it ends they are frozen into plain numbers, so a finished
 //! session holds no socket and no worker state. The client's end of the
 //! streams is what it last reported over the control connection
-//! (`StreamsReport`, then its `Done`): listed with `peer: true`.
+//! (`StreamsReport`, then its `Done`): listed with `peer_end: true`.
 //!
 //! iperf3 tests (`--iperf3-listen`) are sessions too, with `protocol:
 //! iperf3`; their UDP streams have no TCP socket and are listed from their
@@ -66,7 +66,9 @@ impl DatagramStream {
             direction: api_direction(self.role),
             bytes: self.bytes.load(Ordering::Relaxed),
             tcp: None,
-            peer: false,
+            local: None,
+            peer: None,
+            peer_end: false,
         }
     }
 }
@@ -76,6 +78,8 @@ impl DatagramStream {
 pub struct SessionEntry {
     pub id: String,
     pub peer: String,
+    /// This end of the control connection.
+    pub local: Option<String>,
     pub started_unix: f64,
     inner: Mutex<EntryState>,
 }
@@ -177,14 +181,18 @@ impl SessionEntry {
             id: st.id,
             direction: api_direction(st.role),
             bytes: st.bytes,
+            // The peer's sockets are not on this host.
+            local: None,
+            peer: None,
             tcp: st.tcp,
-            peer: true,
+            peer_end: true,
         }));
         api::Session {
             id: self.id.clone(),
             peer: self.peer.clone(),
             peer_host: s.peer_host.clone(),
             protocol: s.protocol,
+            local: self.local.clone(),
             mode: s.mode,
             direction: s.direction,
             state: s.state,
@@ -202,8 +210,10 @@ fn live_stream(st: &StreamStats) -> api::Stream {
         id: st.id,
         direction: api_direction(st.role),
         bytes: st.bytes(),
+        local: st.local.map(|a| a.to_string()),
+        peer: st.peer.map(|a| a.to_string()),
         tcp: st.last_tcp(),
-        peer: false,
+        peer_end: false,
     }
 }
 
@@ -239,11 +249,13 @@ impl Registry {
         }
     }
 
-    /// Registers a session in the handshake state.
-    pub fn add(&self, id: String, peer: String) -> Arc<SessionEntry> {
+    /// Registers a session in the handshake state; `peer` and `local` are
+    /// the two ends of its control connection.
+    pub fn add(&self, id: String, peer: String, local: Option<String>) -> Arc<SessionEntry> {
         let entry = Arc::new(SessionEntry {
             id,
             peer,
+            local,
             started_unix: unix_now(),
             inner: Mutex::new(EntryState {
                 protocol: api::Protocol::Longhaul,

@@ -55,6 +55,16 @@ pub struct FinalReport {
     pub cpu: CpuPair,
     pub session: String,
     pub peer: String,
+    /// When the client started the data phase (said Start), RFC 3339 UTC
+    /// with milliseconds, and the same instant in Unix seconds: the runs
+    /// of a campaign phase line up on it.
+    pub started: String,
+    pub started_unix: f64,
+    /// `--time`, when the run was asked for a duration: `seconds` is longer
+    /// by the time the data already written but not yet delivered takes to
+    /// reach the receiver after the sender stops writing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested_seconds: Option<f64>,
     /// The mode's fields: `files` and `devices` (disk), `messages`.
     #[serde(flatten)]
     pub mode_report: ModeReport,
@@ -69,6 +79,7 @@ impl FinalReport {
         mode_report: ModeReport,
         session: String,
         peer: String,
+        started: std::time::SystemTime,
     ) -> FinalReport {
         let local: &Done = &outcome.local;
         let remote: &Done = &outcome.remote;
@@ -124,6 +135,12 @@ impl FinalReport {
             cpu,
             session,
             peer,
+            started: crate::logline::rfc3339(started),
+            started_unix: started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
+                .unwrap_or(0.0),
+            requested_seconds: None,
             mode_report,
         }
     }
@@ -169,11 +186,16 @@ pub struct IntervalStream {
     pub cwnd_bytes: u64,
 }
 
-/// One interval line (`--interval`).
+/// One interval line (`--interval`). `bytes` are delivered bytes: what the
+/// receiver acknowledged (TCP's `bytes_acked` on a sending stream) or read
+/// (a receiving stream), so an interval never shows more than the path
+/// carried, nor socket buffers filling at the start.
 #[derive(Debug, Clone, Serialize)]
 pub struct IntervalReport {
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// `delivered`: what `bytes` count (older versions counted bytes written).
+    pub counts: &'static str,
     pub start: f64,
     pub end: f64,
     pub bytes: u64,
@@ -200,7 +222,7 @@ impl IntervalTracker {
             .iter()
             .zip(self.last_bytes.iter_mut())
             .map(|(s, last)| {
-                let now = s.bytes();
+                let now = delivered(s);
                 let delta = now - (*last).min(now);
                 *last = now;
                 total += delta;
@@ -221,6 +243,7 @@ impl IntervalTracker {
             .collect();
         let report = IntervalReport {
             kind: "interval",
+            counts: "delivered",
             start: (self.last_at * 1000.0).round() / 1000.0,
             end: (end * 1000.0).round() / 1000.0,
             bytes: total,
@@ -229,6 +252,19 @@ impl IntervalTracker {
         };
         self.last_at = end;
         report
+    }
+}
+
+/// Bytes of a stream that reached the receiver: on a sending stream what TCP
+/// says the receiver acknowledged (never more than was written: the
+/// acknowledged count also holds the stream's header and FIN), on a
+/// receiving stream what this end read.
+fn delivered(s: &StreamStats) -> u64 {
+    let written = s.bytes();
+    match s.role {
+        Role::Receive => written,
+        Role::Send => crate::sockopt::tcp_info(&*s.socket)
+            .map_or(written, |info| info.bytes_acked.min(written)),
     }
 }
 

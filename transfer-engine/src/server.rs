@@ -420,7 +420,11 @@ fn serve_session(
             (k.clone(), Some(to_hex(&k)))
         }
     };
-    let entry = ctx.registry.add(session_hex.clone(), peer.to_string());
+    let entry = ctx.registry.add(
+        session_hex.clone(),
+        peer.to_string(),
+        conn.local().map(|a| a.to_string()),
+    );
     entry.set_request(&req);
     *entry_out = Some(entry.clone());
     let total = session::total_streams(&req);

@@ -4,9 +4,9 @@
 //! end-of-session checks (both ends agree on every stream's byte count; no
 //! stream sat idle that should have moved data).
 //!
-//! The session starts every stream through [`stream::start`] and learns of
-//! its end through a callback: how streams are driven (one thread each
-//! today) is the stream layer's business. The mode's data plane is only
+//! The session starts its streams through [`stream::start`] and learns of
+//! each one's end through a callback: how streams are driven (tasks of the
+//! process's data workers) is the stream layer's business. The mode's data plane is only
 //! seen through [`DataPlane`].
 
 use std::net::TcpStream;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::connection::Connection;
 use crate::cpu::CpuSnapshot;
-use crate::datapath::{DataPlane, FairStart, Limit, SendBudget};
+use crate::datapath::{DataPlane, Limit, SendBudget};
 use crate::error::{Error, Result};
 use crate::limits::{
     DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT, MAX_BUFFER, MAX_STREAMS, SHUTDOWN_TIMEOUT,
@@ -28,7 +28,7 @@ use crate::messages::{
 };
 use crate::pacer::Pacer;
 use crate::sockopt;
-use crate::stream::{self, StartGate, StreamStats, Work};
+use crate::stream::{self, Finished, StreamStats, Work};
 
 /// The other end's view of the streams during the data phase. `longhaul
 /// send` has no stats API, so the client reports its sockets (bytes and
@@ -168,7 +168,7 @@ pub struct PhaseOutcome {
     pub remote: Done,
 }
 
-/// Runs the data phase on one end: starts a worker per stream, samples
+/// Runs the data phase on one end: starts every stream, samples
 /// TCP_INFO every `tick_every` (calling `tick` with the elapsed time),
 /// reports to or collects from the peer its view of the streams (`peer`),
 /// sends our `Done` once our workers are finished, waits for the peer's, and
@@ -218,40 +218,38 @@ fn data_phase_inner(
         Some(b) => Limit::Bytes(b),
         None => Limit::For(Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
     };
-    let gate = Arc::new(StartGate::default());
-    // However this function returns, no worker is left waiting at the gate.
-    let _release = GateRelease(&gate);
     let pacer = req.rate_bps.map(|r| Arc::new(Pacer::new(r)));
-    let senders = streams.iter().filter(|s| s.role == Role::Send).count();
-    let fair = Arc::new(FairStart::new(senders));
+    let mut works = Vec::with_capacity(streams.len());
     for s in streams {
         let work = match s.role {
             Role::Send => Work::Send(
                 plane.source(s.id)?,
-                SendBudget {
-                    limit: limit_for(s.id),
-                    pacer: pacer.clone(),
-                    fair: Some(fair.clone()),
-                    counted: Default::default(),
-                    stop: stop.clone(),
-                },
+                SendBudget::new(limit_for(s.id), pacer.clone(), stop.clone()),
             ),
             Role::Receive => Work::Receive(plane.sink(s.id)?),
         };
-        let events = events_tx.clone();
-        let id = s.id;
-        stream::start(
-            s.clone(),
-            work,
-            gate.clone(),
-            Box::new(move |result| {
-                let _ = events.send(Event::Worker { id, result });
-            }),
-        )?;
+        works.push(work);
     }
-    // Every worker exists: start the clock and let them all go at once.
+    // Every stream exists: start the clock and hand them all to the
+    // workers at once.
     let cpu_start = CpuSnapshot::now();
-    let start = gate.open();
+    let start = Instant::now();
+    let started = streams
+        .iter()
+        .zip(works)
+        .map(|(s, mut work)| {
+            if let Work::Send(_, budget) = &mut work {
+                budget.started_at(start);
+            }
+            let events = events_tx.clone();
+            let id = s.id;
+            let finished: Finished = Box::new(move |result| {
+                let _ = events.send(Event::Worker { id, result });
+            });
+            (s.clone(), work, finished)
+        })
+        .collect();
+    stream::start(started)?;
 
     let mut watchdog = Watchdog::new(streams.len(), start);
     let mut pending = streams.len();
@@ -357,16 +355,6 @@ fn data_phase_inner(
     );
     verify_totals(req, &local.streams, &remote.streams)?;
     Ok(PhaseOutcome { local, remote })
-}
-
-/// Opens the start gate when the data phase ends early, so workers that
-/// were already started do not wait forever.
-struct GateRelease<'a>(&'a StartGate);
-
-impl Drop for GateRelease<'_> {
-    fn drop(&mut self) {
-        self.0.open();
-    }
 }
 
 /// Fails the session when a stream makes no progress for

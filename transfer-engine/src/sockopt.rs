@@ -9,6 +9,7 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd};
 
 use longhaul_stats_api::TcpInfo;
+use longhaul_tcp_info::TcpInfo as RawTcpInfo;
 
 use crate::error::{Error, Result};
 
@@ -201,65 +202,28 @@ pub fn set_max_pacing_rate(sock: &TcpStream, bytes_per_second: u64) -> Result<()
     .map_err(|e| Error::io("setting SO_MAX_PACING_RATE", e))
 }
 
-/// Bytes of `struct tcp_info` we read: up to and including
-/// tcpi_delivery_rate (offset 160, 8 bytes).
-const TCP_INFO_LEN: usize = 168;
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_ne_bytes(a)
-}
-
-/// The kernel's `struct tcp_info` of a socket, if it answers with at least
-/// the fields we read.
-fn raw_tcp_info(sock: &impl AsRawFd) -> Option<[u8; 256]> {
-    let mut buf = [0u8; 256];
-    let mut len = buf.len() as libc::socklen_t;
-    // SAFETY: buf/len describe a local buffer.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 || (len as usize) < TCP_INFO_LEN {
-        return None;
-    }
-    Some(buf)
-}
-
-/// Samples TCP_INFO. Offsets follow `struct tcp_info` in linux/tcp.h (a
-/// stable ABI: fields are only ever appended). Returns `None` if the socket
-/// is gone or the kernel is too old to report the fields we use.
+/// Samples TCP_INFO (the fields of [`longhaul_tcp_info::TcpInfo`]).
+/// Returns `None` if the socket is gone or the kernel is too old to report
+/// every field we use (delivery rate: Linux 4.9).
 pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
-    let buf = raw_tcp_info(sock)?;
-    let snd_mss = u32_at(&buf, 16) as u64;
-    let snd_cwnd = u32_at(&buf, 80) as u64;
+    let info = RawTcpInfo::of_socket(sock.as_raw_fd())?;
     Some(TcpInfo {
-        rtt_us: u32_at(&buf, 68),
-        rttvar_us: u32_at(&buf, 72),
-        cwnd_bytes: snd_cwnd * snd_mss,
-        retransmits: u32_at(&buf, 100) as u64,
-        pacing_rate_bps: u64_at(&buf, 104).saturating_mul(8),
-        delivery_rate_bps: u64_at(&buf, 160).saturating_mul(8),
-        bytes_acked: u64_at(&buf, 120),
-        segs_out: u32_at(&buf, 156) as u64,
+        rtt_us: info.rtt_us,
+        rttvar_us: info.rttvar_us,
+        cwnd_bytes: info.cwnd_bytes(),
+        retransmits: u64::from(info.total_retrans),
+        pacing_rate_bps: info.pacing_rate?.saturating_mul(8),
+        delivery_rate_bps: info.delivery_rate?.saturating_mul(8),
+        bytes_acked: info.bytes_acked?,
+        segs_out: u64::from(info.data_segs_out?),
     })
 }
 
 /// `tcpi_bytes_acked + tcpi_bytes_received` of a socket: everything it
 /// has moved either way, as TCP counts it.
 pub fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
-    let buf = raw_tcp_info(sock)?;
-    Some(u64_at(&buf, 120).wrapping_add(u64_at(&buf, 128)))
+    let info = RawTcpInfo::of_socket(sock.as_raw_fd())?;
+    Some(info.bytes_acked?.wrapping_add(info.bytes_received?))
 }
 
 #[cfg(test)]

@@ -1,29 +1,32 @@
 //! How a data stream runs, and the live counters it updates.
 //!
-//! A sending stream pumps its [`Source`], half-closes the socket and waits
-//! for the receiver to close its side, which proves every byte arrived. A
-//! receiving stream drains its [`Sink`] until end of stream and closes.
+//! A sending stream sends from its [`Source`], half-closes the socket and
+//! waits for the receiver to close its side, which proves every byte
+//! arrived. A receiving stream drains its [`Sink`] until end of stream and
+//! closes.
 //!
 //! [`start`] is the boundary between a session and its streams: the session
 //! hands over each stream's [`StreamStats`] and [`Work`], and hears of the
-//! stream's end through its [`Finished`] callback. Today every stream is a
-//! thread of its own; a data path that multiplexes sockets on a few
-//! per-core workers replaces what happens behind [`start`] and leaves the
-//! session as it is (docs/architecture.md).
+//! stream's end through its [`Finished`] callback. Behind it, every stream
+//! is a task of the process's data workers ([`crate::workers`]): a few
+//! threads, each multiplexing many non-blocking sockets in fair turns, so
+//! a stream costs a socket and a few hundred bytes, never a thread.
 
 use std::io::Read;
-use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use longhaul_stats_api::TcpInfo;
 
-use crate::datapath::{SendBudget, Sink, Source};
+use crate::datapath::{Progress, SendBudget, Sink, Source, StreamIo};
 use crate::error::{Error, Result};
 use crate::limits::SHUTDOWN_TIMEOUT;
 use crate::messages::{Role, StreamReport};
 use crate::sockopt;
+use crate::workers::{self, Task, Turn, Waker};
 
 /// Live state of one stream, shared by its worker, the session loop (which
 /// samples TCP_INFO) and the stats API.
@@ -35,6 +38,12 @@ pub struct StreamStats {
     pub bytes: AtomicU64,
     pub tcp: Mutex<Option<TcpInfo>>,
     pub socket: Arc<TcpStream>,
+    /// The socket's two ends, taken when the stream starts (a closed socket
+    /// no longer knows its peer), for the stats API's connection list.
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    /// Runs the stream's task again; set on its first turn.
+    waker: OnceLock<Waker>,
 }
 
 impl StreamStats {
@@ -44,7 +53,10 @@ impl StreamStats {
             role,
             bytes: AtomicU64::new(0),
             tcp: Mutex::new(None),
+            local: socket.local_addr().ok(),
+            peer: socket.peer_addr().ok(),
             socket: Arc::new(socket),
+            waker: OnceLock::new(),
         }
     }
 
@@ -80,118 +92,25 @@ impl StreamStats {
             .wrapping_add(sockopt::tcp_progress(&*self.socket).unwrap_or(0))
     }
 
-    /// Unblocks the worker when the session fails.
+    /// Runs the stream's task again soon (it looks at its stop flag).
+    pub fn wake(&self) {
+        if let Some(w) = self.waker.get() {
+            w.wake();
+        }
+    }
+
+    /// Ends the stream when the session fails: its socket is shut down
+    /// and its task woken, whatever it waits for.
     pub fn abort(&self) {
         let _ = self.socket.shutdown(Shutdown::Both);
+        self.wake();
     }
 }
 
-/// What a worker does.
+/// What a stream does.
 pub enum Work {
     Send(Box<dyn Source>, SendBudget),
     Receive(Box<dyn Sink>),
-}
-
-/// Holds a session's stream workers until every one of them exists, then
-/// lets them all go at the same instant, which is also when `--time`
-/// starts. Without it the first workers would saturate the CPUs while the
-/// session thread is still starting the others, and on a busy machine the
-/// last hundreds of a 1024-stream session would start after the deadline
-/// and move nothing.
-///
-/// The waiters sleep on a futex that `open` wakes in one system call: woken
-/// one by one (a condition variable's mutex, or unparking in a loop), the
-/// first woken streams preempt the waker and the tail of a 1024-stream
-/// session is woken seconds late, which starves it just the same.
-#[derive(Debug, Default)]
-pub struct StartGate {
-    /// 0 while closed, 1 once open.
-    state: AtomicU32,
-    start: OnceLock<Instant>,
-}
-
-impl StartGate {
-    /// Opens the gate (once; later calls return the same instant).
-    pub fn open(&self) -> Instant {
-        let t = *self.start.get_or_init(Instant::now);
-        self.state.store(1, Ordering::Release);
-        futex_wake_all(&self.state);
-        t
-    }
-
-    /// Waits until the gate opens; returns when it did.
-    pub fn wait(&self) -> Instant {
-        while self.state.load(Ordering::Acquire) == 0 {
-            futex_wait(&self.state, 0);
-        }
-        *self.start.get().expect("set before the gate opens")
-    }
-}
-
-/// Sleeps while `*word == expected` (or until a spurious wake-up).
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which lives
-    // across the call; a null timeout waits indefinitely.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
-}
-
-/// Wakes every thread sleeping on `word`, in one system call.
-fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE only uses the address as a key.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-        );
-    }
-}
-
-fn run(stats: &StreamStats, work: Work, gate: &StartGate) -> Result<u64> {
-    let sock = &*stats.socket;
-    let ctx = |what: &str| format!("stream {}: {what}", stats.id);
-    let start = gate.wait();
-    match work {
-        Work::Send(mut source, mut budget) => {
-            budget.started_at(start);
-            let n = source
-                .pump(sock, &budget, &stats.bytes)
-                .map_err(|e| prefix(e, stats.id))?;
-            stats.sample();
-            sock.shutdown(Shutdown::Write)
-                .map_err(|e| Error::io(ctx("half-closing"), e))?;
-            // Wait for the receiver to close: all data delivered.
-            let _ = sock.set_read_timeout(Some(SHUTDOWN_TIMEOUT));
-            let mut buf = [0u8; 64];
-            loop {
-                match (&*sock).read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(Error::io(ctx("waiting for the receiver to finish"), e)),
-                }
-            }
-            stats.sample();
-            Ok(n)
-        }
-        Work::Receive(mut sink) => {
-            let n = sink
-                .drain(sock, &stats.bytes)
-                .map_err(|e| prefix(e, stats.id))?;
-            stats.sample();
-            let _ = sock.shutdown(Shutdown::Both);
-            Ok(n)
-        }
-    }
 }
 
 /// Adds which stream failed to an error's message, keeping its kind. The
@@ -212,17 +131,148 @@ fn prefix(err: Error, id: u32) -> Error {
 /// Told a stream's result (payload bytes it moved) when the stream ends.
 pub type Finished = Box<dyn FnOnce(Result<u64>) + Send>;
 
-/// Starts one stream: it waits at `gate`, runs its work and calls
-/// `finished` with the result.
-pub fn start(
+/// Where a stream is in its life.
+enum Phase {
+    Sending(Box<dyn Source>, SendBudget),
+    /// Half-closed after the last byte; the receiver's close is due by the
+    /// deadline.
+    Closing(Instant),
+    Receiving(Box<dyn Sink>),
+}
+
+/// One stream as a task of the data workers.
+struct StreamTask {
     stats: Arc<StreamStats>,
-    work: Work,
-    gate: Arc<StartGate>,
-    finished: Finished,
-) -> Result<()> {
-    std::thread::Builder::new()
-        .name(format!("stream-{}", stats.id))
-        .spawn(move || finished(run(&stats, work, &gate)))
-        .map(drop)
-        .map_err(|e| Error::io("starting a stream worker", e))
+    phase: Phase,
+    finished: Option<Finished>,
+}
+
+impl StreamTask {
+    fn step(&mut self, turn: &Turn<'_>) -> Result<Progress> {
+        let stats = &*self.stats;
+        let sock = &*stats.socket;
+        let io = StreamIo {
+            sock,
+            counter: &stats.bytes,
+            allowance: turn.allowance,
+            waker: turn.waker(),
+        };
+        loop {
+            match &mut self.phase {
+                Phase::Sending(source, budget) => {
+                    let p = source.send(&io, budget)?;
+                    if p != Progress::Done {
+                        return Ok(p);
+                    }
+                    stats.sample();
+                    sock.shutdown(Shutdown::Write)
+                        .map_err(|e| Error::io("half-closing", e))?;
+                    self.phase = Phase::Closing(Instant::now() + SHUTDOWN_TIMEOUT);
+                }
+                Phase::Closing(deadline) => {
+                    // Anything the receiver still says is dropped; its
+                    // close (EOF) means every byte arrived.
+                    let mut buf = [0u8; 256];
+                    loop {
+                        match (&mut &*sock).read(&mut buf) {
+                            Ok(0) => {
+                                stats.sample();
+                                return Ok(Progress::Done);
+                            }
+                            Ok(_) => {}
+                            Err(e) if crate::datapath::would_block(&e) => break,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => {
+                                return Err(Error::io("waiting for the receiver to finish", e))
+                            }
+                        }
+                    }
+                    if Instant::now() >= *deadline {
+                        return Err(Error::Timeout(
+                            "waiting for the receiver to finish: no answer in time".into(),
+                        ));
+                    }
+                    return Ok(Progress::Wait {
+                        on: workers::Interest::READ,
+                        until: Some(*deadline),
+                    });
+                }
+                Phase::Receiving(sink) => {
+                    let p = sink.receive(&io)?;
+                    if p == Progress::Done {
+                        stats.sample();
+                        let _ = sock.shutdown(Shutdown::Both);
+                    }
+                    return Ok(p);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, result: Result<u64>) {
+        if let Some(f) = self.finished.take() {
+            f(result);
+        }
+    }
+}
+
+impl Task for StreamTask {
+    fn fd(&self) -> RawFd {
+        self.stats.socket.as_raw_fd()
+    }
+
+    fn turn(&mut self, turn: &Turn<'_>) -> Progress {
+        // From its first turn on, aborting the stream wakes it.
+        self.stats.waker.get_or_init(|| turn.waker().clone());
+        match self.step(turn) {
+            Ok(Progress::Done) => {
+                let n = self.stats.bytes();
+                self.finish(Ok(n));
+                Progress::Done
+            }
+            Ok(p) => p,
+            Err(e) => {
+                let e = prefix(e, self.stats.id);
+                self.finish(Err(e));
+                Progress::Done
+            }
+        }
+    }
+}
+
+impl Drop for StreamTask {
+    /// A stream dropped before it finished (its worker panicked) still
+    /// tells its session.
+    fn drop(&mut self) {
+        let id = self.stats.id;
+        self.finish(Err(Error::PeerAborted(format!(
+            "stream {id}: the data worker running it failed"
+        ))));
+    }
+}
+
+/// Starts streams on the data workers, all at once: each runs its work and
+/// calls its `finished` with the result. The sockets become non-blocking.
+pub fn start(streams: Vec<(Arc<StreamStats>, Work, Finished)>) -> Result<()> {
+    let pool = workers::pool()?;
+    let mut tasks: Vec<Box<dyn Task>> = Vec::with_capacity(streams.len());
+    for (stats, work, finished) in streams {
+        stats.socket.set_nonblocking(true).map_err(|e| {
+            Error::io(
+                format!("stream {}: making the socket non-blocking", stats.id),
+                e,
+            )
+        })?;
+        let phase = match work {
+            Work::Send(source, budget) => Phase::Sending(source, budget),
+            Work::Receive(sink) => Phase::Receiving(sink),
+        };
+        tasks.push(Box::new(StreamTask {
+            stats,
+            phase,
+            finished: Some(finished),
+        }));
+    }
+    pool.spawn(tasks);
+    Ok(())
 }

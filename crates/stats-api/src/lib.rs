@@ -90,6 +90,12 @@ pub struct Session {
     /// `longhaul` or `iperf3`; absent (older engines) means `longhaul`.
     #[serde(default)]
     pub protocol: Protocol,
+    /// This engine's end of the control connection, "IP:PORT" (added in
+    /// v1; absent from older engines). With each stream's `local`/`peer`
+    /// it lists every socket of the session, so the exporter's `tcp`
+    /// collector can leave longhaul's own sockets to the `engine` collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
     pub mode: Mode,
     pub direction: Direction,
     pub state: State,
@@ -106,7 +112,7 @@ pub struct Session {
 
 /// One end of a data stream. A session lists its streams once for this
 /// engine's own sockets and, while the peer reports them, once more for the
-/// peer's end of the same connections ([`Stream::peer`]): the two ends of a
+/// peer's end of the same connections ([`Stream::peer_end`]): the two ends of a
 /// stream have opposite directions, so (`id`, `direction`) is unique.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stream {
@@ -116,6 +122,14 @@ pub struct Stream {
     pub direction: Direction,
     /// Payload bytes this end sent or received on the stream.
     pub bytes: u64,
+    /// This engine's end of the stream's socket, "IP:PORT" (added in v1);
+    /// absent on a [`Stream::peer_end`] entry (that socket is on the peer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+    /// The remote end of the stream's socket, "IP:PORT" (added in v1);
+    /// absent on a [`Stream::peer_end`] entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// Latest TCP_INFO sample of this end's socket; absent before the first
     /// sample or after the socket closed.
     #[serde(default)]
@@ -124,7 +138,7 @@ pub struct Stream {
     /// it over the control connection during the data phase; `false` for
     /// this engine's own socket.
     #[serde(default)]
-    pub peer: bool,
+    pub peer_end: bool,
 }
 
 /// The TCP_INFO fields longhaul reports. Units are in the field names:
@@ -181,6 +195,10 @@ mod tests {
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());
         assert_eq!(snap.sessions[0].protocol, Protocol::Longhaul);
+        assert_eq!(
+            snap.sessions[0].local, None,
+            "an older engine lists no addresses"
+        );
         let again: Snapshot = serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
         assert_eq!(snap, again);
     }

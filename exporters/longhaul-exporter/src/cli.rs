@@ -50,8 +50,8 @@ struct Flags {
     /// TCP port ranges to report, e.g. 7400-7499,5201 (default 7400-7499)
     #[arg(long = "collector.tcp.ports", value_name = "PORTS", value_parser = port_ranges)]
     tcp_ports: Option<PortRanges>,
-    /// Flow labels; the rest are summed into local/remote="other" (default
-    /// 1024)
+    /// Per-connection flow slots; the rest are summed into flow="other"
+    /// (default 64)
     #[arg(long = "collector.tcp.max-flows", value_name = "N", value_parser = count)]
     max_flows: Option<usize>,
     /// Command printing storcli/perccli JSON (e.g. "storcli64 /call show J");

@@ -22,8 +22,8 @@ pub const DEFAULT_MAX_REQUESTS: usize = 4;
 pub const DEFAULT_ENGINE_TIMEOUT: Duration = Duration::from_secs(2);
 /// DESIGN.md: stream labels capped at 256 per session.
 pub const DEFAULT_MAX_STREAMS: usize = 256;
-/// Same idea for kernel TCP flows on the watched ports.
-pub const DEFAULT_MAX_FLOWS: usize = 1024;
+/// Per-connection series (`flow` slots) of the tcp collector, all peers together.
+pub const DEFAULT_MAX_FLOWS: usize = 64;
 /// storcli can take seconds on a busy controller; it runs in the background.
 pub const DEFAULT_STORCLI_TIMEOUT: Duration = Duration::from_secs(10);
 /// Controller models do not change while the host runs; refresh rarely.

@@ -5,8 +5,9 @@
 //! Layers, bottom to top: [`config`] holds every setting and [`metrics`]
 //! the scrape's model and its encoding (prometheus-client); [`collector`]
 //! says what a collector is; the collectors ([`collectors`], one file each)
-//! read the configuration and are built on [`sock_diag`], [`diskstats`],
-//! [`ports`], [`httpclient`] and [`storcli`]; [`scrape`] holds their
+//! read the configuration and are built on [`sock_diag`] (with [`flows`]
+//! for stable TCP series), [`diskstats`], [`ports`], [`httpclient`] and
+//! [`storcli`]; [`scrape`] holds their
 //! registry and runs a scrape; [`http`] serves it; [`cli`] turns flags into
 //! a [`config::Config`]. No collector imports the CLI or the registry.
 
@@ -15,6 +16,7 @@ pub mod collector;
 pub mod collectors;
 pub mod config;
 pub mod diskstats;
+pub mod flows;
 pub mod http;
 pub mod httpclient;
 pub mod metrics;

@@ -9,7 +9,24 @@ pub struct PortRanges(Vec<(u16, u16)>);
 
 impl PortRanges {
     pub fn contains(&self, port: u16) -> bool {
-        self.0.iter().any(|&(lo, hi)| lo <= port && port <= hi)
+        self.matching(port).is_some()
+    }
+
+    /// The first configured range holding `port`, as written in the flag
+    /// (`7400-7499`, `5201`): a stable label for every flow on it.
+    pub fn matching(&self, port: u16) -> Option<String> {
+        self.0
+            .iter()
+            .find(|&&(lo, hi)| lo <= port && port <= hi)
+            .map(|&(lo, hi)| range_text(lo, hi))
+    }
+}
+
+fn range_text(lo: u16, hi: u16) -> String {
+    if lo == hi {
+        lo.to_string()
+    } else {
+        format!("{lo}-{hi}")
     }
 }
 
@@ -50,11 +67,7 @@ impl fmt::Display for PortRanges {
             if i > 0 {
                 f.write_str(",")?;
             }
-            if lo == hi {
-                write!(f, "{lo}")?;
-            } else {
-                write!(f, "{lo}-{hi}")?;
-            }
+            f.write_str(&range_text(*lo, *hi))?;
         }
         Ok(())
     }
@@ -70,6 +83,9 @@ mod tests {
         assert!(r.contains(7400) && r.contains(7450) && r.contains(5201) && r.contains(54321));
         assert!(!r.contains(7500) && !r.contains(22));
         assert_eq!(r.to_string(), "7400-7499,5201,54321");
+        assert_eq!(r.matching(7450).as_deref(), Some("7400-7499"));
+        assert_eq!(r.matching(5201).as_deref(), Some("5201"));
+        assert_eq!(r.matching(22), None);
         for bad in ["", "0", "1,,2", "a-b", "65536", "10-5", "5-"] {
             assert!(bad.parse::<PortRanges>().is_err(), "{bad}");
         }

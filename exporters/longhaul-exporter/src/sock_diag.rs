@@ -42,44 +42,13 @@ pub struct TcpSocket {
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub state: u8,
+    /// The socket's inode (idiag_inode): tells a new connection from an
+    /// old one that had the same addresses.
+    pub inode: u32,
     pub info: Option<TcpInfo>,
 }
 
-/// Fields of `struct tcp_info` (linux/tcp.h); `None` when the kernel's
-/// struct is too short to hold the field.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TcpInfo {
-    pub snd_mss: u32,
-    pub rtt_us: u32,
-    pub snd_cwnd: u32,
-    pub total_retrans: u32,
-    pub pacing_rate: Option<u64>,
-    pub bytes_acked: Option<u64>,
-    pub bytes_received: Option<u64>,
-}
-
-impl TcpInfo {
-    /// Parses the INET_DIAG_INFO payload.
-    pub fn parse(b: &[u8]) -> Option<TcpInfo> {
-        let u32_at = |o: usize| {
-            b.get(o..o + 4)
-                .map(|s| u32::from_ne_bytes(s.try_into().unwrap()))
-        };
-        let u64_at = |o: usize| {
-            b.get(o..o + 8)
-                .map(|s| u64::from_ne_bytes(s.try_into().unwrap()))
-        };
-        Some(TcpInfo {
-            snd_mss: u32_at(16)?,
-            rtt_us: u32_at(68)?,
-            snd_cwnd: u32_at(80)?,
-            total_retrans: u32_at(100)?,
-            pacing_rate: u64_at(104),
-            bytes_acked: u64_at(120),
-            bytes_received: u64_at(128),
-        })
-    }
-}
+pub use longhaul_tcp_info::TcpInfo;
 
 /// Dumps all TCP sockets (IPv4 and IPv6) in the reporting states.
 pub fn tcp_sockets() -> io::Result<Vec<TcpSocket>> {
@@ -258,6 +227,8 @@ fn parse_diag_msg(p: &[u8]) -> Option<TcpSocket> {
     };
     let local = SocketAddr::new(addr(8)?, sport);
     let remote = SocketAddr::new(addr(24)?, dport);
+    // After the sockid: expires, rqueue, wqueue, uid, then the inode.
+    let inode = u32::from_ne_bytes(p[68..72].try_into().ok()?);
     let mut info = None;
     let mut attrs = &p[DIAG_MSG_LEN..];
     while attrs.len() >= 4 {
@@ -275,6 +246,7 @@ fn parse_diag_msg(p: &[u8]) -> Option<TcpSocket> {
         local,
         remote,
         state,
+        inode,
         info,
     })
 }
@@ -306,6 +278,7 @@ mod tests {
             .iter()
             .find(|s| s.local.port() == port && s.remote == client.local_addr().unwrap())
             .expect("server socket in the dump");
+        assert!(client_side.inode != 0 && client_side.inode != server_side.inode);
         assert!(server_side.info.unwrap().bytes_received.unwrap() >= 100_000);
     }
 

@@ -12,6 +12,8 @@ use clap::builder::RangedU64ValueParser;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use longhaul_engine::auth::Token;
+use longhaul_engine::iperf3::auth::{ServerAuth, DEFAULT_SKEW as AUTH_SKEW};
+use longhaul_engine::iperf3::server::Iperf3Options;
 use longhaul_engine::client::SendOptions;
 use longhaul_engine::limits::MAX_STREAMS;
 use longhaul_engine::messages::Direction;
@@ -56,6 +58,9 @@ pub enum Command {
     /// Send to a server: memory to memory, or the PATHs given
     #[command(after_help = UNITS_HELP)]
     Send(SendArgs),
+    /// Pull files and directories from a server's --root (disk mode)
+    #[command(after_help = UNITS_HELP)]
+    Get(GetArgs),
     /// Measure a window x streams matrix or message lengths against a server
     #[command(after_help = UNITS_HELP)]
     Sweep(SweepArgs),
@@ -67,6 +72,40 @@ pub enum Command {
     /// Print single-core memcpy bandwidth in bytes/s (the bench's yardstick)
     #[command(hide = true)]
     MemcpyBench,
+}
+
+/// Where the data workers run (`serve`, `send`, `sweep`).
+#[derive(Debug, Args, Clone, Default)]
+pub struct WorkerArgs {
+    /// Data worker threads, each multiplexing many streams (default: one
+    /// per online CPU, or one per CPU of --cpus)
+    #[arg(long, value_name = "N",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_THREADS as u64))]
+    pub threads: Option<usize>,
+    /// Pin the data workers to these CPUs, e.g. 0-3,8 (worker i on the
+    /// i-th CPU of the list)
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    pub cpus: Option<CpuList>,
+}
+
+/// A parsed `--cpus` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+/// Most data worker threads (`--threads`).
+pub const MAX_THREADS: usize = 1024;
+
+fn cpu_list(text: &str) -> Result<CpuList, String> {
+    longhaul_engine::cpus::parse_list(text).map(CpuList)
+}
+
+impl WorkerArgs {
+    /// Sets up this process's data workers; a CPU that is not online is a
+    /// usage error naming it.
+    pub fn apply(&self, sub: &str) -> Result<(), clap::Error> {
+        longhaul_engine::workers::configure(self.threads, self.cpus.as_ref().map(|c| &c.0[..]))
+            .map_err(|e| usage_error(sub, ErrorKind::InvalidValue, e.to_string()))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -90,13 +129,29 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_SESSIONS as u64))]
     pub max_sessions: usize,
+    /// Also speak iperf3's protocol on this address (TCP and UDP; iperf3's
+    /// port is 5201): iperf3 clients run tests here, many at once
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub iperf3_listen: Option<String>,
+    /// iperf3 tests run at once; more are refused as busy
+    #[arg(long, value_name = "N", default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_TESTS,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub iperf3_max_tests: usize,
+    /// iperf3 authentication: the server's RSA private key (PEM), as
+    /// iperf3's --rsa-private-key-path
+    #[arg(long, value_name = "F", requires = "iperf3_authorized_users_path")]
+    pub iperf3_rsa_private_key_path: Option<PathBuf>,
+    /// iperf3 authentication: the users file (user,sha256 lines), as
+    /// iperf3's --authorized-users-path
+    #[arg(long, value_name = "F", requires = "iperf3_rsa_private_key_path")]
+    pub iperf3_authorized_users_path: Option<PathBuf>,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
 }
 
+/// How a session runs, whatever it moves: `send`'s and `get`'s shared flags.
 #[derive(Debug, Args)]
-pub struct SendArgs {
-    /// The server
-    #[arg(long, value_name = "HOST:PORT")]
-    pub to: String,
+pub struct RunArgs {
     /// Parallel TCP streams per direction
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STREAMS)))]
@@ -110,18 +165,6 @@ pub struct SendArgs {
     /// Total rate per direction, paced
     #[arg(long, value_name = "RATE", value_parser = positive_rate)]
     pub rate: Option<u64>,
-    /// Send for this long (default 10 s; memory mode)
-    #[arg(long, value_name = "SECS", value_parser = positive_seconds, conflicts_with = "bytes")]
-    pub time: Option<f64>,
-    /// Send exactly this many bytes per direction (memory mode)
-    #[arg(long, value_name = "SIZE", value_parser = positive_size)]
-    pub bytes: Option<u64>,
-    /// Both directions at once (--streams each way)
-    #[arg(long, conflicts_with = "reverse")]
-    pub bidir: bool,
-    /// Server to client
-    #[arg(long)]
-    pub reverse: bool,
     /// Print a progress line every SECS (default 1 s unless --json; on a
     /// terminal a progress bar instead)
     #[arg(long, value_name = "SECS", value_parser = positive_seconds)]
@@ -136,29 +179,86 @@ pub struct SendArgs {
     /// Fail (exit 1) when a stream moved no bytes (always warned about)
     #[arg(long)]
     pub strict: bool,
-    /// Files and directories to send (disk mode); none: memory to memory
-    #[arg(value_name = "PATH")]
-    pub paths: Vec<PathBuf>,
-    /// Where the PATHs land, under the server's --root
+    /// Connect and attach shortly before, start moving data at instant T (RFC 3339,
+    /// e.g. 2026-11-24T01:00:00Z, or Unix seconds): a campaign hands one T
+    /// to every sender of a phase
+    #[arg(long, value_name = "T", value_parser = start_instant)]
+    pub start_at: Option<std::time::SystemTime>,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+}
+
+/// Disk mode's flags, shared by `send` (push) and `get` (pull).
+#[derive(Debug, Args)]
+pub struct FilesArgs {
+    /// Read the PATHs from file F, one per line (`-`: standard input),
+    /// instead of the command line
+    #[arg(long, value_name = "F", conflicts_with = "paths")]
+    pub file_list: Option<PathBuf>,
+    /// Where the PATHs land: send, under the server's --root; get, a local
+    /// directory (default: the current one)
     #[arg(long, value_name = "DIR")]
     pub dest: Option<String>,
-    /// Reader workers per device here, writer workers per device on the server
+    /// Reader workers per device on the sender, writer workers per device
+    /// on the receiver
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_IO_WORKERS_PER_DEVICE)))]
     pub io_workers_per_device: u32,
     /// O_DIRECT reads and writes
     #[arg(long)]
     pub direct: bool,
+    /// Send every file whole, even what the receiver already has
+    #[arg(long)]
+    pub no_resume: bool,
+    /// Skip a file the receiver already has only if its content hashes the
+    /// same (default: same size and mtime; reported as skipped but not
+    /// verified)
+    #[arg(long, conflicts_with = "no_resume")]
+    pub checksum: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The server
+    #[arg(long, value_name = "HOST:PORT")]
+    pub to: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Send for this long (default 10 s; memory mode)
+    #[arg(long, value_name = "SECS", value_parser = positive_seconds, conflicts_with = "bytes")]
+    pub time: Option<f64>,
+    /// Send exactly this many bytes per direction (memory mode)
+    #[arg(long, value_name = "SIZE", value_parser = positive_size)]
+    pub bytes: Option<u64>,
+    /// Both directions at once (--streams each way)
+    #[arg(long, conflicts_with = "reverse")]
+    pub bidir: bool,
+    /// Server to client (memory mode; `longhaul get` pulls files)
+    #[arg(long)]
+    pub reverse: bool,
+    /// Files and directories to send (disk mode); none: memory to memory
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub files: FilesArgs,
     /// Follow symlinks while walking the PATHs
     #[arg(long)]
     pub follow_symlinks: bool,
-    /// Send every file whole, even what the server already has
-    #[arg(long)]
-    pub no_resume: bool,
-    /// Skip a file already on the server only if its content hashes the same
-    /// (default: same size and mtime; reported as skipped but not verified)
-    #[arg(long, conflicts_with = "no_resume")]
-    pub checksum: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The server (its `serve --root` holds the PATHs)
+    #[arg(long, value_name = "HOST:PORT")]
+    pub from: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Files and directories to pull, relative to the server's --root;
+    /// each lands under its last component in --dest
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<String>,
+    #[command(flatten)]
+    pub files: FilesArgs,
 }
 
 #[derive(Debug, Args)]
@@ -195,6 +295,8 @@ pub struct SweepArgs {
     /// TCP congestion control of the data streams
     #[arg(long, value_name = "ALG")]
     pub cc: Option<String>,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
 }
 
 #[derive(Debug, Args)]
@@ -274,6 +376,22 @@ fn message_length(text: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// `--start-at`: RFC 3339 with an offset, or Unix seconds.
+fn start_instant(text: &str) -> Result<std::time::SystemTime, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(secs));
+        }
+        return Err("Unix seconds must be a positive number".into());
+    }
+    let t: jiff::Timestamp = text
+        .parse()
+        .map_err(|e| format!("not RFC 3339 (e.g. 2026-11-24T01:00:00Z) or Unix seconds: {e}"))?;
+    let nanos = u64::try_from(t.as_nanosecond()).map_err(|_| "before 1970".to_string())?;
+    Ok(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos))
+}
+
 /// Reads the token now, so a bad file is a usage error up front.
 fn token(path: &str) -> Result<Token, String> {
     Token::from_file(path.as_ref()).map_err(|e| e.to_string())
@@ -295,6 +413,22 @@ fn usage_error(sub: &str, kind: ErrorKind, message: impl std::fmt::Display) -> c
 }
 
 impl ServeArgs {
+    /// `--iperf3-listen` and its companions; None without it.
+    pub fn iperf3_options(&self) -> longhaul_engine::Result<Option<Iperf3Options>> {
+        let Some(listen) = &self.iperf3_listen else {
+            return Ok(None);
+        };
+        let mut opts = Iperf3Options::new(listen.clone());
+        opts.max_tests = self.iperf3_max_tests;
+        if let (Some(key), Some(users)) = (
+            &self.iperf3_rsa_private_key_path,
+            &self.iperf3_authorized_users_path,
+        ) {
+            opts.auth = Some(ServerAuth::load(key, users, AUTH_SKEW)?);
+        }
+        Ok(Some(opts))
+    }
+
     pub fn options(self) -> ServeOptions {
         ServeOptions {
             listen: self.listen,
@@ -307,12 +441,88 @@ impl ServeArgs {
     }
 }
 
+/// The PATHs of a disk transfer: `--file-list F` (one a line, `-` for
+/// standard input; empty lines are skipped), else the command line's.
+fn read_paths(
+    sub: &str,
+    given: &[String],
+    list: Option<&PathBuf>,
+) -> Result<Vec<String>, clap::Error> {
+    let Some(list) = list else {
+        return Ok(given.to_vec());
+    };
+    let bad = |why: String| {
+        usage_error(
+            sub,
+            ErrorKind::InvalidValue,
+            format!("--file-list {}: {why}", list.display()),
+        )
+    };
+    let text = if list.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).map_err(|e| bad(e.to_string()))?
+    } else {
+        std::fs::read_to_string(list).map_err(|e| bad(e.to_string()))?
+    };
+    let paths: Vec<String> = text
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    if paths.is_empty() {
+        return Err(bad("names no paths".into()));
+    }
+    Ok(paths)
+}
+
+impl RunArgs {
+    /// The session flags onto `o`; `sub` names the subcommand in errors.
+    fn apply(&self, sub: &str, o: &mut SendOptions) -> Result<(), clap::Error> {
+        if let Some(cc) = &self.cc {
+            sockopt::check_cc(cc)
+                .map_err(|e| usage_error(sub, ErrorKind::InvalidValue, format!("--cc: {e}")))?;
+        }
+        o.streams = self.streams;
+        o.buffer = self.buffer;
+        o.cc = self.cc.clone();
+        o.rate_bps = self.rate;
+        o.strict = self.strict;
+        o.token = self.token_file.clone();
+        o.start_at = self.start_at;
+        Ok(())
+    }
+}
+
+impl FilesArgs {
+    fn disk(&self, follow_symlinks: bool) -> DiskOptions {
+        DiskOptions {
+            io_workers_per_device: self.io_workers_per_device as usize,
+            direct: self.direct,
+            follow_symlinks,
+            resume: !self.no_resume,
+            checksum: self.checksum,
+            ..DiskOptions::default()
+        }
+    }
+}
+
 impl SendArgs {
     /// What the flags ask the engine to do; checks the rules between flags.
     pub fn options(&self) -> Result<SendOptions, clap::Error> {
         let bad = |message: String| usage_error("send", ErrorKind::ArgumentConflict, message);
-        let payload = if self.paths.is_empty() {
-            if self.checksum {
+        let given: Vec<String> = self
+            .paths
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let paths = match self.files.file_list {
+            Some(_) => read_paths("send", &given, self.files.file_list.as_ref())?
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+            None => self.paths.clone(),
+        };
+        let payload = if paths.is_empty() {
+            if self.files.checksum {
                 return Err(bad(
                     "--checksum compares files: it needs PATHs (disk mode)".into()
                 ));
@@ -326,34 +536,18 @@ impl SendArgs {
                 ));
             }
             Payload::Files {
-                paths: self.paths.clone(),
-                dest: self.dest.clone().unwrap_or_default(),
-                disk: DiskOptions {
-                    io_workers_per_device: self.io_workers_per_device as usize,
-                    direct: self.direct,
-                    follow_symlinks: self.follow_symlinks,
-                    resume: !self.no_resume,
-                    checksum: self.checksum,
-                    ..DiskOptions::default()
-                },
+                paths,
+                dest: self.files.dest.clone().unwrap_or_default(),
+                disk: self.files.disk(self.follow_symlinks),
             }
         };
-        if let Some(cc) = &self.cc {
-            sockopt::check_cc(cc)
-                .map_err(|e| usage_error("send", ErrorKind::InvalidValue, format!("--cc: {e}")))?;
-        }
         let mut o = SendOptions::new(self.to.clone(), payload);
-        o.streams = self.streams;
-        o.buffer = self.buffer;
-        o.cc = self.cc.clone();
-        o.rate_bps = self.rate;
+        self.run.apply("send", &mut o)?;
         o.direction = match (self.bidir, self.reverse) {
             (true, _) => Direction::Bidir,
             (false, true) => Direction::Receive,
             (false, false) => Direction::Send,
         };
-        o.strict = self.strict;
-        o.token = self.token_file.clone();
         Ok(o)
     }
 
@@ -374,6 +568,29 @@ impl SendArgs {
         } else {
             per_direction
         })
+    }
+}
+
+impl GetArgs {
+    /// The pull the flags ask for: disk mode, server to client.
+    pub fn options(&self) -> Result<SendOptions, clap::Error> {
+        let paths = read_paths("get", &self.paths, self.files.file_list.as_ref())?;
+        if paths.is_empty() {
+            return Err(usage_error(
+                "get",
+                ErrorKind::MissingRequiredArgument,
+                "nothing to pull: give PATHs or --file-list",
+            ));
+        }
+        let payload = Payload::Pull {
+            paths,
+            dest: PathBuf::from(self.files.dest.as_deref().unwrap_or(".")),
+            disk: self.files.disk(false),
+        };
+        let mut o = SendOptions::new(self.from.clone(), payload);
+        self.run.apply("get", &mut o)?;
+        o.direction = Direction::Receive;
+        Ok(o)
     }
 }
 
@@ -512,6 +729,49 @@ mod tests {
             let e = send(args).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{args:?}");
             assert!(e.to_string().contains(needle), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn get_pulls_into_a_local_directory() {
+        let Command::Get(a) = parse(&[
+            "get",
+            "--from",
+            "h:1",
+            "--streams",
+            "4",
+            "runs/r7",
+            "--checksum",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        let o = a.options().unwrap();
+        assert_eq!(o.direction, Direction::Receive);
+        assert_eq!(o.streams, 4);
+        let Payload::Pull { paths, dest, disk } = &o.payload else {
+            panic!("{:?}", o.payload)
+        };
+        assert_eq!(paths, &["runs/r7".to_string()]);
+        assert_eq!(dest, &PathBuf::from("."));
+        assert!(disk.checksum && disk.resume && !disk.follow_symlinks);
+        let e = parse(&["get", "--from", "h:1", "--follow-symlinks", "x"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn start_at_takes_rfc3339_or_unix_seconds() {
+        let at = |t: &str| send(&["--to", "h:1", "--start-at", t]).map(|o| o.start_at);
+        let want = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_500);
+        assert_eq!(at("1795000000.5").unwrap(), Some(want));
+        assert_eq!(at("2026-11-18T11:06:40.5Z").unwrap(), Some(want));
+        assert_eq!(at("2026-11-18T12:06:40.5+01:00").unwrap(), Some(want));
+        for bad in ["tomorrow", "2026-11-18 08:26", "1e400"] {
+            let e = at(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            assert!(e.to_string().contains("--start-at"), "{bad}: {e}");
         }
     }
 

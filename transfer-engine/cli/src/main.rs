@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use longhaul::args::{Cli, Command};
 use longhaul::send_display;
+use longhaul_engine::iperf3::server::Iperf3Server;
 use longhaul_engine::server::Server;
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -25,6 +26,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             writeln!(out, "{bps:.0}")?;
         }
         Command::Serve(args) => {
+            args.workers.apply("serve")?;
+            let iperf3 = args.iperf3_options()?;
             let server = Server::bind(args.options())?;
             writeln!(
                 out,
@@ -32,12 +35,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.local_addr(),
                 server.stats_addr()
             )?;
+            if let Some(opts) = iperf3 {
+                let iperf3 = Iperf3Server::bind(opts, server.registry())?;
+                writeln!(out, "iperf3 on {}", iperf3.local_addr())?;
+                iperf3.spawn()?;
+            }
             out.flush()?;
             drop(out);
             server.run()?;
         }
-        Command::Send(args) => send_display::send(&args, &mut out, terminal)?,
+        Command::Send(args) => {
+            args.run.workers.apply("send")?;
+            send_display::send(&args, &mut out, terminal)?
+        }
+        Command::Get(args) => {
+            args.run.workers.apply("get")?;
+            send_display::get(&args, &mut out, terminal)?
+        }
         Command::Sweep(args) => {
+            args.workers.apply("sweep")?;
             let json = args.json;
             let done = longhaul_science::sweep::run(&args.options())?;
             if json {

@@ -1,4 +1,5 @@
-//! What `longhaul send` shows while it runs, and its final report.
+//! What `longhaul send` and `longhaul get` show while they run, and their
+//! final report.
 //!
 //! - For scripts (stdout not a terminal), or with `--interval`: one line
 //!   per interval, for people or as JSON with `--json` (the shape of
@@ -19,7 +20,7 @@ use longhaul_engine::planes::Amount;
 use longhaul_engine::send_report::{FinalReport, IntervalTracker};
 use longhaul_units::{format_bps, format_bytes};
 
-use crate::args::SendArgs;
+use crate::args::{GetArgs, RunArgs, SendArgs};
 
 /// Interval of the lines when `--interval` is not given.
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -52,7 +53,13 @@ enum Display {
 }
 
 impl Display {
-    fn choose(args: &SendArgs, opts: &SendOptions, terminal: bool) -> Display {
+    /// `bytes_total`: what this end sends in all, when the flags fix it.
+    fn choose(
+        args: &RunArgs,
+        opts: &SendOptions,
+        bytes_total: Option<u64>,
+        terminal: bool,
+    ) -> Display {
         match (args.interval, args.json) {
             (Some(s), json) => Display::Lines {
                 every: Duration::from_secs_f64(s),
@@ -66,7 +73,7 @@ impl Display {
             (None, false) => {
                 let scale = match opts.payload.amount() {
                     Some(Amount::Seconds(s)) => BarScale::Millis((s * 1000.0) as u64),
-                    Some(Amount::Bytes(_)) => BarScale::Bytes(args.bytes_total()),
+                    Some(Amount::Bytes(_)) => BarScale::Bytes(bytes_total),
                     None => BarScale::Bytes(None),
                 };
                 Display::Bar {
@@ -97,8 +104,28 @@ fn new_bar(scale: BarScale) -> ProgressBar {
 /// Runs `send` with `args`, showing it on `out`, and prints the final
 /// report there.
 pub fn send(args: &SendArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Result<()> {
-    let opts = args.options()?;
-    let mut display = Display::choose(args, &opts, terminal);
+    run(
+        &args.run,
+        &args.options()?,
+        args.bytes_total(),
+        out,
+        terminal,
+    )
+}
+
+/// Runs `get` with `args`, like [`send`].
+pub fn get(args: &GetArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Result<()> {
+    run(&args.run, &args.options()?, None, out, terminal)
+}
+
+fn run(
+    args: &RunArgs,
+    opts: &SendOptions,
+    bytes_total: Option<u64>,
+    out: &mut dyn Write,
+    terminal: bool,
+) -> anyhow::Result<()> {
+    let mut display = Display::choose(args, opts, bytes_total, terminal);
     let mut tracker = IntervalTracker::default();
     let every = match &display {
         Display::Lines { every, .. } => Some(*every),
@@ -110,7 +137,7 @@ pub fn send(args: &SendArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Res
         every,
         tick: &mut tick,
     });
-    let report = client::run(&opts, watch);
+    let report = client::run(opts, watch);
     if let Display::Bar { bar, .. } = &display {
         bar.finish_and_clear();
     }

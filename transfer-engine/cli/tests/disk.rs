@@ -231,20 +231,50 @@ fn walk_names(p: &Path) -> Vec<String> {
     out
 }
 
-#[test]
-fn resume_after_receiver_kill_sends_less() {
-    let t = Scratch::new("resume");
-    let top = t.0.join("src/data");
-    fs::create_dir_all(&top).unwrap();
+/// Three files of ~24 MiB under `top` (contents seeded by `seed`) for the
+/// resume tests; returns their total size.
+fn resume_sources(top: &Path, seed: u32) -> u64 {
+    fs::create_dir_all(top).unwrap();
     let sizes = [24 * MIB + 3, 24 * MIB, 24 * MIB + MIB / 2];
     for (i, s) in sizes.iter().enumerate() {
         fs::write(
             top.join(format!("f{i}.bin")),
-            pattern(*s as usize, i as u32 + 10),
+            pattern(*s as usize, i as u32 + seed),
         )
         .unwrap();
     }
-    let total: u64 = sizes.iter().sum();
+    sizes.iter().sum()
+}
+
+/// Kills `server` as soon as the receiver saved progress under `written`
+/// (a resume sidecar), and checks that the transfer `first` then fails.
+fn kill_once_progress_is_saved(server: &mut Server, first: Running, written: &Path) {
+    let end = Instant::now() + Duration::from_secs(20);
+    let has_sidecar = || {
+        written.exists()
+            && walk_names(written)
+                .iter()
+                .any(|n| n.ends_with(".longhaul-state"))
+    };
+    while !has_sidecar() {
+        assert!(Instant::now() < end, "no progress was saved");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.kill();
+    let first = first.wait(RUN_TIMEOUT);
+    assert_eq!(
+        first.code,
+        Some(1),
+        "the first run must fail: {}",
+        first.stderr
+    );
+}
+
+#[test]
+fn resume_after_receiver_kill_sends_less() {
+    let t = Scratch::new("resume");
+    let top = t.0.join("src/data");
+    let total = resume_sources(&top, 10);
     let root = t.0.join("root");
     fs::create_dir_all(&root).unwrap();
     let mut server = Server::with_root(&root);
@@ -259,24 +289,7 @@ fn resume_after_receiver_kill_sends_less() {
         "--json",
         top.to_str().unwrap(),
     ]);
-    let end = Instant::now() + Duration::from_secs(20);
-    let has_sidecar = |root: &Path| {
-        walk_names(root)
-            .iter()
-            .any(|n| n.ends_with(".longhaul-state"))
-    };
-    while !has_sidecar(&root) {
-        assert!(Instant::now() < end, "no progress was saved");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    server.kill();
-    let first = first.wait(RUN_TIMEOUT);
-    assert_eq!(
-        first.code,
-        Some(1),
-        "the first run must fail: {}",
-        first.stderr
-    );
+    kill_once_progress_is_saved(&mut server, first, &root);
     // Restart the receiver on the same root and run the same command again.
     let server = Server::with_root(&root);
     let second = send(&[
@@ -411,13 +424,9 @@ mod crafted {
     use longhaul_engine::messages::{Auth, Direction, Hello, Message, Mode, SessionRequest};
     use serde_json::json;
 
-    /// Handshake, then a disk SessionRequest and one manifest message;
-    /// returns the server's answer (the plan, or its error).
-    pub fn ask(
-        port: u16,
-        dest: &str,
-        paths: &[&str],
-    ) -> longhaul_engine::Result<serde_json::Value> {
+    /// An authenticated control connection (the server runs without a
+    /// token, on loopback).
+    fn handshake(port: u16) -> longhaul_engine::Result<Connection> {
         let sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let mut conn = Connection::new(sock)?;
         conn.set_timeout(Some(Duration::from_secs(10)))?;
@@ -429,6 +438,40 @@ mod crafted {
         assert!(matches!(conn.recv()?, Message::Challenge(_)));
         conn.send(&Message::Auth(Auth { proof: None }))?;
         assert!(matches!(conn.recv()?, Message::AuthOk(_)));
+        Ok(conn)
+    }
+
+    /// A pull of `paths` the real client would refuse to ask for; returns
+    /// the server's first answer (its offer, or its error).
+    pub fn pull(port: u16, paths: &[&str]) -> longhaul_engine::Result<serde_json::Value> {
+        let mut conn = handshake(port)?;
+        conn.send(&Message::SessionRequest(SessionRequest {
+            mode: Mode::Disk,
+            direction: Direction::Receive,
+            streams: 1,
+            bytes: None,
+            seconds: Some(10.0),
+            buffer: 1 << 20,
+            cc: None,
+            rate_bps: None,
+            mode_params: Some(json!({"paths": paths, "checksum": false,
+                "io_workers_per_device": 1, "direct": false})),
+            client_host: None,
+        }))?;
+        match conn.recv()? {
+            Message::ModeData(v) => Ok(v),
+            other => panic!("expected the offer, got {:?}", other.kind()),
+        }
+    }
+
+    /// Handshake, then a disk SessionRequest and one manifest message;
+    /// returns the server's answer (the plan, or its error).
+    pub fn ask(
+        port: u16,
+        dest: &str,
+        paths: &[&str],
+    ) -> longhaul_engine::Result<serde_json::Value> {
+        let mut conn = handshake(port)?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
@@ -684,4 +727,338 @@ fn a_second_server_on_the_same_root_refuses_to_start() {
         "{}",
         out.stderr
     );
+}
+
+// ------------------------------------------------------------ pull and file lists
+
+/// Runs `longhaul get ARGS...` to completion.
+fn get(args: &[&str]) -> Output {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    support::spawn(&all).wait(RUN_TIMEOUT)
+}
+
+/// A tree of a few files under `top`, with fixed mtimes and modes.
+fn small_tree(top: &Path) {
+    fs::create_dir_all(top.join("sub/empty")).unwrap();
+    fs::write(top.join("a.bin"), pattern((3 * MIB + 11) as usize, 21)).unwrap();
+    fs::write(top.join("sub/b.txt"), "bee\n").unwrap();
+    fs::write(top.join("zero"), b"").unwrap();
+    fs::set_permissions(top.join("a.bin"), fs::Permissions::from_mode(0o640)).unwrap();
+    set_mtime(&top.join("a.bin"), 1_600_000_100, 42);
+}
+
+/// `get` pulls a tree from the server's --root bit-identical and verified;
+/// a second pull with --checksum compares every file and moves nothing.
+#[test]
+fn pull_brings_a_tree_home_verified() {
+    let t = Scratch::new("pull");
+    let root = t.0.join("root");
+    small_tree(&root.join("runs/r7"));
+    let server = Server::with_root(&root);
+    let local = t.0.join("local");
+    let out = get(&[
+        "--from",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--strict",
+        "--json",
+        "runs/r7",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    // --strict: 3 files on 3 streams may leave one idle; disk mode says
+    // that is normal, so the run passes.
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let j = out.json();
+    assert_eq!(j["mode"], "disk", "{j}");
+    assert_eq!(j["direction"], "receive", "{j}");
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["count"], 3, "{j}");
+    assert_eq!(j["files"]["verified_bytes"], 3 * MIB + 11 + 4, "{j}");
+    assert!(j["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["side"] == "receiver" && d["written_bytes"].as_u64() > Some(MIB)));
+    assert_same_tree(&root.join("runs/r7"), &local.join("r7"));
+    assert!(!walk_names(&local).iter().any(|n| n.contains(".longhaul-")));
+    let again = get(&[
+        "--from",
+        &server.addr(),
+        "--checksum",
+        "--json",
+        "runs/r7",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    assert_eq!(again.code, Some(0), "stderr: {}", again.stderr);
+    let j = again.json();
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["skipped"], 3, "{j}");
+    assert_eq!(j["files"]["skip_check"], "checksum", "{j}");
+    assert_eq!(j["bytes"], 0, "{j}");
+    // A local copy changed behind the same size and mtime: --checksum
+    // finds it and pulls it again.
+    let copy = local.join("r7/a.bin");
+    let f = fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    f.write_all_at(b"CHANGED", MIB).unwrap();
+    drop(f);
+    set_mtime(&copy, 1_600_000_100, 42);
+    let fixed = get(&[
+        "--from",
+        &server.addr(),
+        "--checksum",
+        "--json",
+        "runs/r7",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    assert_eq!(fixed.code, Some(0), "stderr: {}", fixed.stderr);
+    assert_eq!(fixed.json()["files"]["sent"], 1, "{}", fixed.stdout);
+    assert_same_tree(&root.join("runs/r7"), &local.join("r7"));
+}
+
+/// A pull that loses its server mid-transfer keeps what it verified; the
+/// same command against the restarted server resumes and ends verified.
+#[test]
+fn pull_resumes_after_the_server_is_killed() {
+    let t = Scratch::new("pullresume");
+    let root = t.0.join("root");
+    let top = root.join("data");
+    let total = resume_sources(&top, 30);
+    let local = t.0.join("local");
+    let mut server = Server::with_root(&root);
+    // 400 Mb/s: the 72 MiB take ~1.5 s, so the kill lands mid-transfer.
+    let first = support::spawn(&[
+        "get",
+        "--from",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--rate",
+        "400M",
+        "--json",
+        "data",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    kill_once_progress_is_saved(&mut server, first, &local);
+    let server = Server::with_root(&root);
+    let second = get(&[
+        "--from",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--checksum",
+        "--json",
+        "data",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
+    let j = second.json();
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["count"], 3, "{j}");
+    let sent = j["bytes"].as_u64().unwrap();
+    assert!(sent < total, "resume moved {sent} of {total} bytes ({j})");
+    assert!(
+        j["files"]["resumed"].as_u64().unwrap() + j["files"]["skipped"].as_u64().unwrap() >= 1,
+        "{j}"
+    );
+    assert_same_tree(&top, &local.join("data"));
+    assert!(!walk_names(&local).iter().any(|n| n.contains(".longhaul-")));
+}
+
+/// Paths that leave the served root are refused, by the client when it
+/// can tell and by the server whatever it is asked; a missing path is an
+/// error naming it; nothing lands locally and the server keeps serving.
+#[test]
+fn pull_refuses_paths_leaving_the_root() {
+    let t = Scratch::new("pullescape");
+    let root = t.0.join("root");
+    small_tree(&root.join("ok"));
+    fs::write(t.0.join("secret"), "outside the root\n").unwrap();
+    std::os::unix::fs::symlink(&t.0, root.join("up")).unwrap();
+    std::os::unix::fs::symlink(t.0.join("secret"), root.join("ok/secret-link")).unwrap();
+    let mut server = Server::with_root(&root);
+    let local = t.0.join("local");
+    let dest = local.to_str().unwrap();
+    for (path, code, needle) in [
+        ("../secret", 2, "'..' escapes the root"),
+        ("/etc/passwd", 2, "absolute path"),
+        ("ok/../../secret", 2, "'..' escapes the root"),
+        ("up/secret", 1, "symlink component 'up'"),
+        ("ok/secret-link", 1, "symlink"),
+        ("ok/missing.bin", 1, "ok/missing.bin"),
+    ] {
+        let out = get(&["--from", &server.addr(), path, "--dest", dest]);
+        assert_eq!(out.code, Some(code), "{path}: {}", out.stderr);
+        assert!(out.stderr.contains(needle), "{path}: {}", out.stderr);
+    }
+    // The server refuses what a crafted client asks, before any offer.
+    for path in ["../secret", "/etc/passwd", "a/./b", "up/secret"] {
+        let err = crafted::pull(server.port, &[path]).unwrap_err().to_string();
+        assert!(err.contains("refused"), "{path}: {err}");
+    }
+    assert!(!walk_names(&local).iter().any(|n| n.contains("secret")));
+    assert!(server.is_running(), "{}", server.stderr());
+    let out = get(&["--from", &server.addr(), "ok", "--dest", dest]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(same_contents(
+        &root.join("ok/a.bin"),
+        &local.join("ok/a.bin")
+    ));
+}
+
+/// `--file-list` names what to move instead of the command line, for
+/// `send` and `get` (`-` reads standard input); a missing file in the list,
+/// an unreadable list and an empty one are errors naming them.
+#[test]
+fn file_lists_name_what_to_move() {
+    let t = Scratch::new("filelist");
+    let src = t.0.join("src");
+    small_tree(&src.join("tree"));
+    fs::write(src.join("loose.txt"), "loose\n").unwrap();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let list = t.0.join("list");
+    fs::write(
+        &list,
+        format!(
+            "{}\n\n{}\n",
+            src.join("tree").display(),
+            src.join("loose.txt").display()
+        ),
+    )
+    .unwrap();
+    let out = send(&[
+        "--to",
+        &server.addr(),
+        "--json",
+        "--file-list",
+        list.to_str().unwrap(),
+        "--dest",
+        "in",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.json()["files"]["verified"], true, "{}", out.stdout);
+    assert_same_tree(&src.join("tree"), &root.join("in/tree"));
+    assert!(same_contents(
+        &src.join("loose.txt"),
+        &root.join("in/loose.txt")
+    ));
+    // get --file-list - reads the list from standard input.
+    let local = t.0.join("local");
+    let mut child = Command::new(support::BIN)
+        .args([
+            "get",
+            "--from",
+            &server.addr(),
+            "--json",
+            "--file-list",
+            "-",
+        ])
+        .arg("--dest")
+        .arg(&local)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"in/tree/sub\nin/loose.txt\n").unwrap();
+    }
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    let j: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&done.stdout)
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["count"], 2, "{j}");
+    assert_same_tree(&src.join("tree/sub"), &local.join("sub"));
+    assert!(same_contents(
+        &src.join("loose.txt"),
+        &local.join("loose.txt")
+    ));
+    // A file in the list that does not exist: nothing is sent, the error
+    // names it.
+    let gone = src.join("not-there.bin");
+    fs::write(
+        &list,
+        format!("{}\n{}\n", src.join("loose.txt").display(), gone.display()),
+    )
+    .unwrap();
+    let out = send(&[
+        "--to",
+        &server.addr(),
+        "--file-list",
+        list.to_str().unwrap(),
+        "--dest",
+        "missing",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("not-there.bin"), "{}", out.stderr);
+    assert!(!root.join("missing").exists());
+    // Unreadable, empty, and a list given with PATHs: usage errors.
+    let empty = t.0.join("empty");
+    fs::write(&empty, "\n\n").unwrap();
+    let nowhere = t.0.join("no-such-list");
+    for (args, needle) in [
+        (
+            vec![
+                "send",
+                "--to",
+                "127.0.0.1:9",
+                "--file-list",
+                nowhere.to_str().unwrap(),
+            ],
+            "no-such-list",
+        ),
+        (
+            vec![
+                "get",
+                "--from",
+                "127.0.0.1:9",
+                "--file-list",
+                t.0.to_str().unwrap(),
+            ],
+            "--file-list",
+        ),
+        (
+            vec![
+                "get",
+                "--from",
+                "127.0.0.1:9",
+                "--file-list",
+                empty.to_str().unwrap(),
+            ],
+            "names no paths",
+        ),
+        (
+            vec![
+                "send",
+                "--to",
+                "127.0.0.1:9",
+                "--file-list",
+                list.to_str().unwrap(),
+                "x",
+            ],
+            "cannot be used with",
+        ),
+        (vec!["get", "--from", "127.0.0.1:9"], "nothing to pull"),
+    ] {
+        let out = support::run(&args);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(needle), "{args:?}: {}", out.stderr);
+    }
 }

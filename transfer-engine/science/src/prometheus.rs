@@ -43,6 +43,17 @@ pub struct Query {
     pub unit: Unit,
 }
 
+/// The routers' interfaces as Telegraf's SNMP input sees them (exposed to
+/// Prometheus by Telegraf's prometheus_client output): what each interface
+/// sends, bits/s. The aggregate figure of a campaign phase sets it beside
+/// the engine's sum per direction.
+pub const ROUTER_OUT: Query = Query {
+    title: "Router interfaces, out",
+    promql: "sum by (router, ifName) (rate(interface_ifHCOutOctets{job=\"telegraf\"}[1m])) * 8",
+    labels: &["router", "ifName"],
+    unit: Unit::BitsPerSecond,
+};
+
 /// The figures pulled from Prometheus.
 pub const QUERIES: &[Query] = &[
     Query {

@@ -12,7 +12,9 @@
 //! - a window x streams sweep (`sweep.json`, `"kind": "sweep"`);
 //! - a message-length sweep (`messages*.json`, `"kind": "messages"`);
 //! - `longhaul sweep --json` output (`"type": "sweep"` with `matrix` and/or
-//!   `messages`) and `longhaul advise --json` output (`"type": "advice"`).
+//!   `messages`) and `longhaul advise --json` output (`"type": "advice"`);
+//! - a campaign phase's summary (`<phase>.phase.json`, `"type": "phase"`,
+//!   written by ansible/campaign.yml beside its runs).
 //!
 //! Anything else is listed as skipped, with the reason, in the report.
 //!
@@ -52,6 +54,8 @@ pub struct Results {
     pub sweeps: Vec<SweepFile>,
     pub messages: Vec<SweepFile>,
     pub advice: Vec<SweepFile>,
+    /// Campaign phase summaries.
+    pub phases: Vec<SweepFile>,
     pub skipped: Vec<(String, String)>,
 }
 
@@ -191,6 +195,7 @@ impl Results {
                 }
             }
             "advice" => self.advice.push(SweepFile { name, value: last }),
+            "phase" => self.phases.push(SweepFile { name, value: last }),
             _ => self
                 .skipped
                 .push((rel, "not a longhaul result, sweep or advice".into())),
@@ -202,6 +207,7 @@ impl Results {
             && self.sweeps.is_empty()
             && self.messages.is_empty()
             && self.advice.is_empty()
+            && self.phases.is_empty()
     }
 }
 

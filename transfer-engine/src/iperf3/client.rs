@@ -256,7 +256,8 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
         }),
     )?;
     wait_for(&events, State::TestRunning, "before the test")?;
-    let start = test.go();
+    let start = test.go()?;
+    let started = std::time::SystemTime::now();
     let cpu_start = CpuSnapshot::now();
     run_test(&test, &plan, byte_limit, start, &events, watch)?;
     let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
@@ -283,7 +284,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     let _ = control::send_state(&mut w, State::IperfDone);
     let _ = ctrl.shutdown(std::net::Shutdown::Both);
     Ok(report(
-        opts, &test, &ours, &theirs, cpu_report, seconds, cookie, addr,
+        opts, &test, &ours, &theirs, cpu_report, seconds, started, cookie, addr,
     ))
 }
 
@@ -417,6 +418,7 @@ fn report(
     theirs: &Results,
     cpu: CpuReport,
     seconds: f64,
+    started: std::time::SystemTime,
     cookie: Cookie,
     addr: SocketAddr,
 ) -> FinalReport {
@@ -506,6 +508,15 @@ fn report(
         cpu,
         session: cookie.as_str().to_string(),
         peer: addr.to_string(),
+        started: crate::logline::rfc3339(started),
+        started_unix: started
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
+            .unwrap_or(0.0),
+        requested_seconds: match opts.payload {
+            Payload::Memory(Amount::Seconds(s)) => Some(s),
+            _ => None,
+        },
         mode_report,
     }
 }

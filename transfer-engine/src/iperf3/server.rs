@@ -344,7 +344,11 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         None => format!("iperf3 test from {peer}"),
     };
     let id = to_hex(&random_bytes::<8>());
-    let entry = ctx.registry.add(id.clone(), peer.to_string());
+    let entry = ctx.registry.add(
+        id.clone(),
+        peer.to_string(),
+        stream.local_addr().ok().map(|a| a.to_string()),
+    );
     entry.set_request(&params.shape());
     entry.set_protocol(longhaul_stats_api::Protocol::Iperf3);
     let result = run_test(&stream, &params, cookie, &entry, ctx);
@@ -457,7 +461,7 @@ fn test_phases(
     test.register(entry);
     control::send_state(&mut w, State::TestStart)?;
     control::send_state(&mut w, State::TestRunning)?;
-    let start = test.go();
+    let start = test.go()?;
     let cpu_start = CpuSnapshot::now();
     let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)?;
     test.stop_counting();

@@ -2,7 +2,8 @@
 //!
 //! TCP streams are the engine's streams: a [`StreamStats`] per socket and
 //! a memory plane's source or sink, started through [`stream::start`] like
-//! any session's, so they get the same data path, TCP_INFO and stats API.
+//! any session's, so they are tasks of the same data workers (no thread of
+//! their own) and get the same TCP_INFO and stats API.
 //! What iperf3 adds is how a test ends: not by the sender closing its
 //! streams but by `TEST_END` on the control connection, after which the
 //! results are exchanged while the sockets are still open. So a sending
@@ -20,13 +21,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::datapath::{DataPlane, FairStart, Limit, SendBudget, Source};
+use crate::datapath::{DataPlane, Limit, Progress, SendBudget, Source, StreamIo};
 use crate::error::{Error, Result};
 use crate::messages::{Role, SessionRequest};
 use crate::pacer::Pacer;
 use crate::registry::{DatagramStream, SessionEntry};
 use crate::session::{self, Side};
-use crate::stream::{self, StartGate, StreamStats, Work};
+use crate::stream::{self, Finished, StreamStats, Work};
 
 use super::results::{stream_id, Results, StreamResult};
 use super::udp::{self, ReceiveStats, SendPlan};
@@ -74,7 +75,12 @@ pub type OnEnd = Arc<dyn Fn(StreamEnd) + Send + Sync>;
 pub struct TestStreams {
     pub tcp: Vec<Arc<StreamStats>>,
     pub udp: Vec<Arc<UdpStream>>,
-    gate: Arc<StartGate>,
+    /// Each TCP stream's work, handed to the data workers by
+    /// [`TestStreams::go`].
+    pending: Mutex<Vec<(Arc<StreamStats>, Work, Finished)>>,
+    /// UDP streams' threads wait on it until [`TestStreams::go`] (the
+    /// instant the test started).
+    gate: Arc<Gate>,
     /// Sources and UDP senders stop at their next chunk.
     stop: Arc<AtomicBool>,
     /// UDP receivers count datagrams while set (iperf3: while running).
@@ -85,28 +91,69 @@ pub struct TestStreams {
     omitted: Mutex<Vec<u64>>,
 }
 
-/// Tells the test when a sending stream's source returned.
+/// Tells the test when a sending stream's source finished (its byte
+/// counter is final from then on).
 struct Counted {
     inner: Box<dyn Source>,
     left: Arc<AtomicUsize>,
+    counted: bool,
+}
+
+impl Counted {
+    fn done(&mut self) {
+        if !self.counted {
+            self.counted = true;
+            self.left.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Source for Counted {
-    fn pump(
-        &mut self,
-        sock: &TcpStream,
-        budget: &SendBudget,
-        counter: &std::sync::atomic::AtomicU64,
-    ) -> Result<u64> {
-        let r = self.inner.pump(sock, budget, counter);
-        self.left.fetch_sub(1, Ordering::AcqRel);
+    fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
+        let r = self.inner.send(io, budget);
+        if !matches!(r, Ok(Progress::Wait { .. }) | Ok(Progress::Yield)) {
+            self.done();
+        }
         r
     }
 }
 
+impl Drop for Counted {
+    /// A stream aborted before its source said Done stops sending too.
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+/// Opened once: the UDP streams' start line.
+#[derive(Default)]
+struct Gate {
+    start: Mutex<Option<Instant>>,
+    opened: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) -> Instant {
+        let mut start = self.start.lock().unwrap_or_else(|e| e.into_inner());
+        let at = *start.get_or_insert_with(Instant::now);
+        self.opened.notify_all();
+        at
+    }
+
+    fn wait(&self) -> Instant {
+        let mut start = self.start.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(at) = *start {
+                return at;
+            }
+            start = self.opened.wait(start).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
 impl TestStreams {
-    /// Starts a worker per stream; they wait until [`TestStreams::go`].
-    /// `on_end` hears of each worker's end.
+    /// Prepares every stream; they start at [`TestStreams::go`]. `on_end`
+    /// hears of each stream's end.
     pub fn prepare(
         plan: &Plan,
         sockets: Sockets,
@@ -115,7 +162,7 @@ impl TestStreams {
     ) -> Result<TestStreams> {
         let stop = Arc::new(AtomicBool::new(false));
         let counting = Arc::new(AtomicBool::new(false));
-        let gate = Arc::new(StartGate::default());
+        let gate = Arc::new(Gate::default());
         let roles = |n: usize| -> Vec<Role> {
             (0..n as u32)
                 .map(|i| session::role(&plan.shape, plan.side, i))
@@ -152,39 +199,32 @@ impl TestStreams {
         let test = TestStreams {
             tcp,
             udp,
+            pending: Mutex::new(Vec::new()),
             gate,
             stop,
             counting,
             senders_left: Arc::new(AtomicUsize::new(senders)),
             omitted: Mutex::new(vec![0; count]),
         };
-        let fair = Arc::new(FairStart::new(senders));
+        let mut pending = Vec::with_capacity(test.tcp.len());
         for s in &test.tcp {
             let work = match s.role {
                 Role::Send => Work::Send(
                     Box::new(Counted {
                         inner: plane.source(s.id)?,
                         left: test.senders_left.clone(),
+                        counted: false,
                     }),
-                    SendBudget {
-                        limit: limit(s.id),
-                        pacer: pacer(),
-                        fair: Some(fair.clone()),
-                        counted: Default::default(),
-                        stop: test.stop.clone(),
-                    },
+                    SendBudget::new(limit(s.id), pacer(), test.stop.clone()),
                 ),
                 Role::Receive => Work::Receive(plane.sink(s.id)?),
             };
             let index = s.id;
             let on_end = on_end.clone();
-            stream::start(
-                s.clone(),
-                work,
-                test.gate.clone(),
-                Box::new(move |result| on_end(StreamEnd { index, result })),
-            )?;
+            let finished: Finished = Box::new(move |result| on_end(StreamEnd { index, result }));
+            pending.push((s.clone(), work, finished));
         }
+        *test.pending.lock().unwrap_or_else(|e| e.into_inner()) = pending;
         for u in &test.udp {
             test.start_udp(u.clone(), plan, limit(u.counters.id), on_end.clone())?;
         }
@@ -246,9 +286,17 @@ impl TestStreams {
     }
 
     /// Lets every stream go; returns the instant they started.
-    pub fn go(&self) -> Instant {
+    pub fn go(&self) -> Result<Instant> {
         self.counting.store(true, Ordering::Relaxed);
-        self.gate.open()
+        let start = self.gate.open();
+        let mut pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, work, _) in &mut pending {
+            if let Work::Send(_, budget) = work {
+                budget.started_at(start);
+            }
+        }
+        stream::start(pending)?;
+        Ok(start)
     }
 
     pub fn len(&self) -> usize {
@@ -305,6 +353,11 @@ impl TestStreams {
     /// stopped, so their counters are final. False if some did not.
     pub fn stop_sending(&self, within: Duration) -> bool {
         self.stop.store(true, Ordering::Relaxed);
+        // A sender waiting for its socket (a receiver that stopped reading)
+        // looks at the stop flag now.
+        for s in &self.tcp {
+            s.wake();
+        }
         let deadline = Instant::now() + within;
         while self.senders_left.load(Ordering::Acquire) > 0 {
             if Instant::now() >= deadline {
@@ -338,6 +391,9 @@ impl TestStreams {
         self.stop.store(true, Ordering::Relaxed);
         self.counting.store(false, Ordering::Relaxed);
         self.gate.open();
+        // Streams never started end with the test (their `on_end` is not
+        // called).
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
         for s in &self.tcp {
             s.abort();
         }

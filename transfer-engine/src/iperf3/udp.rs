@@ -205,7 +205,11 @@ pub fn send_loop(sock: &UdpSocket, plan: &SendPlan, counters: &DatagramStream) -
             _ => {}
         }
         if let Some(p) = &pacer {
-            p.acquire(buf.len());
+            let slot = p.reserve(buf.len());
+            let wait = slot.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
         }
         seq += 1;
         write_header(buf, clock(origin), seq, plan.wide);

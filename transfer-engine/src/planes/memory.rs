@@ -8,12 +8,10 @@
 //! `LONGHAUL_RECV_METHOD` (`read`, `trunc`, `splice`) select another one for
 //! measurements.
 
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::datapath::{DataPlane, SendBudget, Sink, Source};
+use crate::datapath::{DataPlane, Grant, Progress, SendBudget, Sink, Source, StreamIo};
 use crate::error::{Error, Result};
 
 /// Default bytes handed to one write/sendfile call. Large enough that
@@ -155,6 +153,9 @@ impl DataPlane for MemoryPlane {
             method: self.send,
             pattern: self.pattern.clone(),
             memfd: self.memfd.clone(),
+            sent: 0,
+            sends: 0,
+            zerocopy_on: false,
         }))
     }
 
@@ -172,6 +173,11 @@ struct MemorySource {
     method: SendMethod,
     pattern: Arc<Vec<u8>>,
     memfd: Option<Arc<OwnedFd>>,
+    /// Payload bytes sent so far.
+    sent: u64,
+    /// MSG_ZEROCOPY sends (the error queue is drained every 16).
+    sends: u64,
+    zerocopy_on: bool,
 }
 
 fn last_err() -> std::io::Error {
@@ -199,93 +205,109 @@ fn drain_errqueue(fd: i32) {
     }
 }
 
-impl Source for MemorySource {
-    fn pump(&mut self, sock: &TcpStream, budget: &SendBudget, counter: &AtomicU64) -> Result<u64> {
-        let fd = sock.as_raw_fd();
-        if self.method == SendMethod::Zerocopy {
-            let one: libc::c_int = 1;
-            // SAFETY: valid pointer/size pair.
-            let rc = unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    SO_ZEROCOPY,
-                    (&one as *const libc::c_int).cast(),
-                    4,
-                )
-            };
-            if rc != 0 {
-                return Err(Error::io("setting SO_ZEROCOPY", last_err()));
+impl MemorySource {
+    fn enable_zerocopy(&mut self, fd: i32) -> Result<()> {
+        if self.method != SendMethod::Zerocopy || self.zerocopy_on {
+            return Ok(());
+        }
+        let one: libc::c_int = 1;
+        // SAFETY: valid pointer/size pair.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_ZEROCOPY,
+                (&one as *const libc::c_int).cast(),
+                4,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::io("setting SO_ZEROCOPY", last_err()));
+        }
+        self.zerocopy_on = true;
+        Ok(())
+    }
+
+    /// One non-blocking send of `len` bytes at pattern `offset`.
+    fn send_once(&mut self, fd: i32, offset: usize, len: usize) -> isize {
+        const FLAGS: libc::c_int = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        match self.method {
+            // SAFETY: the range lies inside the pattern buffer.
+            SendMethod::Write => unsafe {
+                libc::send(fd, self.pattern[offset..].as_ptr().cast(), len, FLAGS)
+            },
+            SendMethod::Zerocopy => {
+                self.sends += 1;
+                if self.sends % 16 == 0 {
+                    drain_errqueue(fd);
+                }
+                // SAFETY: as above; the pattern outlives the socket's use of
+                // it because it is never freed while the plane lives.
+                unsafe {
+                    libc::send(
+                        fd,
+                        self.pattern[offset..].as_ptr().cast(),
+                        len,
+                        FLAGS | libc::MSG_ZEROCOPY,
+                    )
+                }
+            }
+            SendMethod::Sendfile => {
+                let memfd = self.memfd.as_ref().expect("sendfile plane has a memfd");
+                let mut off = offset as libc::off_t;
+                // SAFETY: both descriptors are open; off is a local. The
+                // socket is non-blocking, so sendfile is too.
+                unsafe { libc::sendfile(fd, memfd.as_raw_fd(), &mut off, len) }
             }
         }
-        let mut sent: u64 = 0;
-        let mut sends: u64 = 0;
+    }
+}
+
+impl Source for MemorySource {
+    fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
+        let fd = io.sock.as_raw_fd();
+        self.enable_zerocopy(fd)?;
+        let mut moved = 0;
         loop {
-            let want = budget.next_chunk(sent, self.chunk);
-            if want == 0 {
-                return Ok(sent);
+            if moved >= io.allowance {
+                return Ok(Progress::Yield);
             }
-            if let Some(p) = &budget.pacer {
-                p.acquire(want);
-            }
+            let want = match budget.grant(self.sent, self.chunk.min(io.allowance - moved)) {
+                Grant::Send(n) => n,
+                Grant::WaitUntil(t) => return Ok(Progress::at(t)),
+                Grant::Done => return Ok(Progress::Done),
+            };
             // write/zerocopy always send the head of the pattern, which stays
             // cache-hot; sendfile walks the memfd (its pages are referenced,
             // not copied, so their cache state does not matter).
             let offset = match self.method {
-                SendMethod::Sendfile => (sent % PATTERN_LEN as u64) as usize,
+                SendMethod::Sendfile => (self.sent % PATTERN_LEN as u64) as usize,
                 _ => 0,
             };
             let len = want.min(PATTERN_LEN - offset);
-            let n = match self.method {
-                SendMethod::Write => {
-                    // SAFETY: the range lies inside the pattern buffer.
-                    unsafe {
-                        libc::send(
-                            fd,
-                            self.pattern[offset..].as_ptr().cast(),
-                            len,
-                            libc::MSG_NOSIGNAL,
-                        )
-                    }
-                }
-                SendMethod::Zerocopy => {
-                    sends += 1;
-                    if sends % 16 == 0 {
-                        drain_errqueue(fd);
-                    }
-                    // SAFETY: as above; the pattern outlives the socket's use of it
-                    // because it is never freed while the plane lives.
-                    let n = unsafe {
-                        libc::send(
-                            fd,
-                            self.pattern[offset..].as_ptr().cast(),
-                            len,
-                            libc::MSG_NOSIGNAL | libc::MSG_ZEROCOPY,
-                        )
-                    };
-                    if n < 0 && last_err().raw_os_error() == Some(libc::ENOBUFS) {
-                        drain_errqueue(fd);
-                        std::thread::sleep(std::time::Duration::from_micros(50));
-                        continue;
-                    }
-                    n
-                }
-                SendMethod::Sendfile => {
-                    let memfd = self.memfd.as_ref().expect("sendfile plane has a memfd");
-                    let mut off = offset as libc::off_t;
-                    // SAFETY: both descriptors are open; off is a local.
-                    unsafe { libc::sendfile(fd, memfd.as_raw_fd(), &mut off, len) }
-                }
-            };
+            let n = self.send_once(fd, offset, len);
             if n < 0 {
                 let e = last_err();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) => return Ok(budget.until_writable()),
+                    // MSG_ZEROCOPY: too many sends not yet completed.
+                    Some(libc::ENOBUFS) if self.method == SendMethod::Zerocopy => {
+                        drain_errqueue(fd);
+                        return Ok(Progress::Yield);
+                    }
+                    _ => return Err(Error::io("sending", e)),
                 }
-                return Err(Error::io("sending", e));
             }
-            sent += n as u64;
-            counter.fetch_add(n as u64, Ordering::Relaxed);
+            let n = n as usize;
+            self.sent += n as u64;
+            moved += n;
+            io.moved(n as u64);
+            budget.spent(n);
+            if n < len {
+                // The socket buffer is full.
+                return Ok(budget.until_writable());
+            }
         }
     }
 }
@@ -320,73 +342,104 @@ impl MemorySink {
     }
 }
 
-impl Sink for MemorySink {
-    fn drain(&mut self, sock: &TcpStream, counter: &AtomicU64) -> Result<u64> {
-        let fd = sock.as_raw_fd();
-        let mut total = 0u64;
-        loop {
-            let n = match self.method {
-                RecvMethod::Trunc => {
-                    // SAFETY: with MSG_TRUNC, TCP discards up to RECV_CHUNK
-                    // bytes without copying them anywhere (tcp(7)): no buffer.
-                    unsafe { libc::recv(fd, std::ptr::null_mut(), RECV_CHUNK, libc::MSG_TRUNC) }
+impl MemorySink {
+    /// One non-blocking receive of up to [`RECV_CHUNK`] bytes, dropped.
+    fn receive_once(&mut self, fd: i32) -> Result<isize> {
+        Ok(match self.method {
+            RecvMethod::Trunc => {
+                // SAFETY: with MSG_TRUNC, TCP discards up to RECV_CHUNK
+                // bytes without copying them anywhere (tcp(7)): no buffer.
+                unsafe {
+                    libc::recv(
+                        fd,
+                        std::ptr::null_mut(),
+                        RECV_CHUNK,
+                        libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+                    )
                 }
-                RecvMethod::Read => {
-                    if self.buf.is_empty() {
-                        self.buf = vec![0u8; READ_BUFFER];
-                    }
-                    // SAFETY: buf is READ_BUFFER bytes long.
-                    unsafe { libc::recv(fd, self.buf.as_mut_ptr().cast(), self.buf.len(), 0) }
+            }
+            RecvMethod::Read => {
+                if self.buf.is_empty() {
+                    self.buf = vec![0u8; READ_BUFFER];
                 }
-                RecvMethod::Splice => {
-                    let (r, w, null) = self.pipe()?;
-                    let (r, w, null) = (r.as_raw_fd(), w.as_raw_fd(), null.as_raw_fd());
-                    // SAFETY: descriptors are open; null offsets mean "current".
-                    let n = unsafe {
-                        libc::splice(
-                            fd,
-                            std::ptr::null_mut(),
-                            w,
-                            std::ptr::null_mut(),
-                            RECV_CHUNK,
-                            libc::SPLICE_F_MOVE,
-                        )
-                    };
-                    if n > 0 {
-                        let mut left = n as usize;
-                        while left > 0 {
-                            // SAFETY: as above.
-                            let m = unsafe {
-                                libc::splice(
-                                    r,
-                                    std::ptr::null_mut(),
-                                    null,
-                                    std::ptr::null_mut(),
-                                    left,
-                                    libc::SPLICE_F_MOVE,
-                                )
-                            };
-                            if m <= 0 {
-                                return Err(Error::io("splicing to /dev/null", last_err()));
-                            }
-                            left -= m as usize;
+                // SAFETY: buf is READ_BUFFER bytes long.
+                unsafe {
+                    libc::recv(
+                        fd,
+                        self.buf.as_mut_ptr().cast(),
+                        self.buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                }
+            }
+            RecvMethod::Splice => {
+                let (r, w, null) = self.pipe()?;
+                let (r, w, null) = (r.as_raw_fd(), w.as_raw_fd(), null.as_raw_fd());
+                // SAFETY: descriptors are open; null offsets mean "current".
+                let n = unsafe {
+                    libc::splice(
+                        fd,
+                        std::ptr::null_mut(),
+                        w,
+                        std::ptr::null_mut(),
+                        RECV_CHUNK,
+                        libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                    )
+                };
+                if n > 0 {
+                    let mut left = n as usize;
+                    while left > 0 {
+                        // SAFETY: as above.
+                        let m = unsafe {
+                            libc::splice(
+                                r,
+                                std::ptr::null_mut(),
+                                null,
+                                std::ptr::null_mut(),
+                                left,
+                                libc::SPLICE_F_MOVE,
+                            )
+                        };
+                        if m <= 0 {
+                            return Err(Error::io("splicing to /dev/null", last_err()));
                         }
+                        left -= m as usize;
                     }
-                    n
                 }
-            };
+                n
+            }
+        })
+    }
+}
+
+impl Sink for MemorySink {
+    fn receive(&mut self, io: &StreamIo<'_>) -> Result<Progress> {
+        let fd = io.sock.as_raw_fd();
+        let mut moved = 0;
+        loop {
+            if moved >= io.allowance {
+                return Ok(Progress::Yield);
+            }
+            let n = self.receive_once(fd)?;
             if n < 0 {
                 let e = last_err();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) => return Ok(Progress::readable()),
+                    _ => return Err(Error::io("receiving", e)),
                 }
-                return Err(Error::io("receiving", e));
             }
             if n == 0 {
-                return Ok(total);
+                return Ok(Progress::Done);
             }
-            total += n as u64;
-            counter.fetch_add(n as u64, Ordering::Relaxed);
+            moved += n as usize;
+            io.moved(n as u64);
+            if (n as usize) < RECV_CHUNK {
+                // The socket is (almost surely) empty: saves a call that
+                // would only say so. A later byte or the EOF makes it
+                // readable again.
+                return Ok(Progress::readable());
+            }
         }
     }
 }

@@ -17,22 +17,23 @@
 //!   a buffer (one copy, as an application would). Throughput per length
 //!   and CPU time per message come from this pattern.
 //!
-//! Every worker measures its own thread CPU time
-//! (CLOCK_THREAD_CPUTIME_ID), so the per-message overhead is not polluted
-//! by background load running in the same processes (`sweep --load`).
+//! Every stream measures the CPU time its worker thread spends in the
+//! stream's own turns (CLOCK_THREAD_CPUTIME_ID), so the per-message
+//! overhead is not polluted by background load running in the same
+//! processes (`sweep --load`), even on the same data workers.
 //! Byte counters are the engine's usual ones, so both ends still check the
 //! per-stream totals.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::datapath::{DataPlane, ModeReport, SendBudget, Sink, Source};
+use crate::datapath::{
+    would_block, DataPlane, Grant, Limit, ModeReport, Progress, SendBudget, Sink, Source, StreamIo,
+};
 use crate::error::{Error, Result};
 use crate::messages::{Direction, SessionRequest};
 
@@ -154,6 +155,16 @@ impl DataPlane for MessagesPlane {
             params: self.params,
             message: vec![0x5a; self.params.length as usize],
             tally: self.tally.clone(),
+            started: false,
+            sent: 0,
+            written: 0,
+            want: 0,
+            since: Instant::now(),
+            ack: None,
+            ack_buf: [0; ACK_LEN],
+            messages: 0,
+            latencies: Vec::new(),
+            cpu: 0.0,
         }))
     }
 
@@ -162,6 +173,11 @@ impl DataPlane for MessagesPlane {
             params: self.params,
             buf: vec![0; (self.params.length as usize).min(RECV_BUF)],
             tally: self.tally.clone(),
+            started: false,
+            got: 0,
+            ack: None,
+            messages: 0,
+            cpu: 0.0,
         }))
     }
 
@@ -214,55 +230,109 @@ struct MessageSource {
     params: MessagesParams,
     message: Vec<u8>,
     tally: Arc<Mutex<Tally>>,
+    started: bool,
+    sent: u64,
+    /// Bytes of the current message written, and its length (short only
+    /// when `--bytes` ends mid-message).
+    written: usize,
+    want: usize,
+    /// When the current message's first byte went out.
+    since: Instant,
+    /// `rr`: acknowledgement bytes read so far, while one is due.
+    ack: Option<usize>,
+    ack_buf: [u8; ACK_LEN],
+    messages: u64,
+    latencies: Vec<u64>,
+    cpu: f64,
 }
 
 fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::io(what.to_string(), e)
 }
 
-impl Source for MessageSource {
-    fn pump(&mut self, sock: &TcpStream, budget: &SendBudget, counter: &AtomicU64) -> Result<u64> {
+impl MessageSource {
+    fn step(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
         let rr = self.params.pattern == Pattern::Rr;
-        if rr {
-            sock.set_nodelay(true)
-                .map_err(io_err("setting TCP_NODELAY"))?;
-        }
-        let cpu_start = thread_cpu_seconds();
+        first_turn(&mut self.started, rr, io)?;
         let len = self.params.length as usize;
-        let mut sent = 0u64;
-        let mut messages = 0u64;
-        let mut latencies = Vec::new();
-        let mut ack = [0u8; ACK_LEN];
-        let mut w = sock;
+        let mut moved = 0;
         loop {
-            let want = budget.next_chunk(sent, len);
-            if want == 0 {
-                break;
+            if let Some(got) = self.ack.as_mut() {
+                match (&mut &*io.sock).read(&mut self.ack_buf[*got..]) {
+                    Ok(0) => {
+                        return Err(io_err("waiting for the acknowledgement")(
+                            std::io::ErrorKind::UnexpectedEof.into(),
+                        ))
+                    }
+                    Ok(n) => *got += n,
+                    Err(e) if would_block(&e) => return Ok(Progress::readable()),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_err("waiting for the acknowledgement")(e)),
+                }
+                if *got == ACK_LEN {
+                    self.ack = None;
+                    self.latencies.push(self.since.elapsed().as_nanos() as u64);
+                }
+                continue;
             }
-            if let Some(p) = &budget.pacer {
-                p.acquire(want);
+            if self.written == 0 {
+                if moved >= io.allowance {
+                    return Ok(Progress::Yield);
+                }
+                self.want = match budget.limit {
+                    Limit::Bytes(total) => {
+                        (total.saturating_sub(self.sent)).min(len as u64) as usize
+                    }
+                    _ => len,
+                };
             }
-            let t = Instant::now();
-            w.write_all(&self.message[..want])
-                .map_err(io_err("sending a message"))?;
-            sent += want as u64;
-            counter.fetch_add(want as u64, Ordering::Relaxed);
-            if want < len {
-                break; // a --bytes budget ended mid-message: no ack for it
+            let piece = match budget.grant(self.sent, self.want - self.written) {
+                Grant::Send(n) => n,
+                Grant::WaitUntil(t) => return Ok(Progress::at(t)),
+                Grant::Done => return Ok(Progress::Done),
+            };
+            if self.written == 0 {
+                self.since = Instant::now();
             }
-            messages += 1;
+            let from = self.written;
+            let n = match (&mut &*io.sock).write(&self.message[from..from + piece]) {
+                Ok(n) => n,
+                Err(e) if would_block(&e) => return Ok(budget.until_writable()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_err("sending a message")(e)),
+            };
+            self.written += n;
+            self.sent += n as u64;
+            moved += n;
+            io.moved(n as u64);
+            budget.spent(n);
+            if self.written < self.want {
+                continue;
+            }
+            self.written = 0;
+            if self.want < len {
+                return Ok(Progress::Done); // --bytes ended mid-message: no ack for it
+            }
+            self.messages += 1;
             if rr {
-                w.read_exact(&mut ack)
-                    .map_err(io_err("waiting for the acknowledgement"))?;
-                latencies.push(t.elapsed().as_nanos() as u64);
+                self.ack = Some(0);
             }
         }
-        let cpu = thread_cpu_seconds() - cpu_start;
-        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        tally.messages += messages;
-        tally.thread_cpu_seconds += cpu;
-        tally.latencies_ns.extend(latencies);
-        Ok(sent)
+    }
+}
+
+impl Source for MessageSource {
+    fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
+        let cpu_start = thread_cpu_seconds();
+        let p = self.step(io, budget);
+        self.cpu += thread_cpu_seconds() - cpu_start;
+        if let Ok(Progress::Done) = p {
+            let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+            tally.messages += self.messages;
+            tally.thread_cpu_seconds += self.cpu;
+            tally.latencies_ns.append(&mut self.latencies);
+        }
+        p
     }
 }
 
@@ -270,45 +340,84 @@ struct MessageSink {
     params: MessagesParams,
     buf: Vec<u8>,
     tally: Arc<Mutex<Tally>>,
+    started: bool,
+    /// Bytes of the current message received.
+    got: u64,
+    /// `rr`: an acknowledgement being written, and how much of it went out.
+    ack: Option<([u8; ACK_LEN], usize)>,
+    messages: u64,
+    cpu: f64,
+}
+
+/// On a stream's first turn: request/response turns off Nagle, so a small
+/// message or acknowledgement leaves at once.
+fn first_turn(started: &mut bool, rr: bool, io: &StreamIo<'_>) -> Result<()> {
+    if !*started {
+        *started = true;
+        if rr {
+            io.sock
+                .set_nodelay(true)
+                .map_err(io_err("setting TCP_NODELAY"))?;
+        }
+    }
+    Ok(())
+}
+
+impl MessageSink {
+    fn step(&mut self, io: &StreamIo<'_>) -> Result<Progress> {
+        let rr = self.params.pattern == Pattern::Rr;
+        first_turn(&mut self.started, rr, io)?;
+        let len = self.params.length;
+        let mut moved = 0;
+        loop {
+            if let Some((ack, sent)) = self.ack.as_mut() {
+                match (&mut &*io.sock).write(&ack[*sent..]) {
+                    Ok(n) => *sent += n,
+                    Err(e) if would_block(&e) => return Ok(Progress::writable()),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_err("acknowledging a message")(e)),
+                }
+                if *sent == ACK_LEN {
+                    self.ack = None;
+                }
+                continue;
+            }
+            if moved >= io.allowance {
+                return Ok(Progress::Yield);
+            }
+            let want = ((len - self.got) as usize).min(self.buf.len());
+            let n = match (&mut &*io.sock).read(&mut self.buf[..want]) {
+                Ok(0) => return Ok(Progress::Done),
+                Ok(n) => n,
+                Err(e) if would_block(&e) => return Ok(Progress::readable()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io("receiving a message", e)),
+            };
+            self.got += n as u64;
+            moved += n;
+            io.moved(n as u64);
+            if self.got == len {
+                self.got = 0;
+                self.messages += 1;
+                if rr {
+                    self.ack = Some((self.messages.to_le_bytes(), 0));
+                }
+            }
+        }
+    }
 }
 
 impl Sink for MessageSink {
-    fn drain(&mut self, sock: &TcpStream, counter: &AtomicU64) -> Result<u64> {
-        let rr = self.params.pattern == Pattern::Rr;
-        if rr {
-            sock.set_nodelay(true)
-                .map_err(io_err("setting TCP_NODELAY"))?;
-        }
+    fn receive(&mut self, io: &StreamIo<'_>) -> Result<Progress> {
         let cpu_start = thread_cpu_seconds();
-        let len = self.params.length;
-        let mut total = 0u64;
-        let mut messages = 0u64;
-        let mut r = sock;
-        'messages: loop {
-            let mut got = 0u64;
-            while got < len {
-                let want = ((len - got) as usize).min(self.buf.len());
-                let n = match r.read(&mut self.buf[..want]) {
-                    Ok(0) => break 'messages,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(Error::io("receiving a message", e)),
-                };
-                got += n as u64;
-                total += n as u64;
-                counter.fetch_add(n as u64, Ordering::Relaxed);
-            }
-            messages += 1;
-            if rr {
-                r.write_all(&messages.to_le_bytes())
-                    .map_err(io_err("acknowledging a message"))?;
-            }
+        let p = self.step(io);
+        self.cpu += thread_cpu_seconds() - cpu_start;
+        if let Ok(Progress::Done) = p {
+            let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+            tally.messages += self.messages;
+            tally.thread_cpu_seconds += self.cpu;
         }
-        let cpu = thread_cpu_seconds() - cpu_start;
-        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        tally.messages += messages;
-        tally.thread_cpu_seconds += cpu;
-        Ok(total)
+        p
     }
 }
 

@@ -49,6 +49,13 @@ pub enum Payload {
         dest: String,
         disk: DiskOptions,
     },
+    /// Pull (`longhaul get`): `paths` beneath the server's `--root` into the
+    /// local directory `dest`; direction `receive`.
+    Pull {
+        paths: Vec<String>,
+        dest: PathBuf,
+        disk: DiskOptions,
+    },
     /// Fixed-length messages.
     Messages {
         params: MessagesParams,
@@ -60,7 +67,7 @@ impl Payload {
     pub fn mode(&self) -> Mode {
         match self {
             Payload::Memory(_) => Mode::Memory,
-            Payload::Files { .. } => Mode::Disk,
+            Payload::Files { .. } | Payload::Pull { .. } => Mode::Disk,
             Payload::Messages { .. } => Mode::Messages,
         }
     }
@@ -69,7 +76,7 @@ impl Payload {
     pub fn amount(&self) -> Option<Amount> {
         match self {
             Payload::Memory(a) | Payload::Messages { amount: a, .. } => Some(*a),
-            Payload::Files { .. } => None,
+            Payload::Files { .. } | Payload::Pull { .. } => None,
         }
     }
 }
@@ -91,12 +98,7 @@ pub fn server_plane(
 ) -> Result<Arc<dyn DataPlane>> {
     match req.mode {
         Mode::Memory => Ok(Arc::new(MemoryPlane::from_env()?)),
-        Mode::Disk => Ok(disk::plane::server_plane(
-            req,
-            offer.root,
-            conn,
-            offer.claimant,
-        )?),
+        Mode::Disk => disk::plane::server_plane(req, offer.root, conn, offer.claimant),
         Mode::Messages => Ok(Arc::new(MessagesPlane::new(MessagesParams::from_request(
             req,
         )?))),
@@ -107,7 +109,10 @@ pub fn server_plane(
 pub fn client_plane(req: &SessionRequest, payload: &Payload) -> Result<Arc<dyn DataPlane>> {
     match payload {
         Payload::Memory(_) => Ok(Arc::new(MemoryPlane::from_env()?)),
-        Payload::Files { paths, dest, disk } => Ok(Arc::new(disk::plane::ClientPlane::new(
+        Payload::Files { paths, dest, disk } => Ok(Arc::new(disk::plane::SenderPlane::push(
+            req, paths, dest, disk,
+        )?)),
+        Payload::Pull { paths, dest, disk } => Ok(Arc::new(disk::plane::ReceiverPlane::pull(
             req, paths, dest, disk,
         )?)),
         Payload::Messages { params, .. } => Ok(Arc::new(MessagesPlane::new(params.check(req)?))),

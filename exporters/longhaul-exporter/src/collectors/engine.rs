@@ -15,7 +15,8 @@
 //! carries `direction`: `direction="send"` is the sending socket, whose
 //! cwnd, retransmits and pacing rate are the ones that matter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -37,30 +38,66 @@ pub const SPEC: CollectorSpec = CollectorSpec {
 pub const OTHER_STREAM: &str = "other";
 
 fn new(cfg: &Config) -> anyhow::Result<Box<dyn Collector>> {
-    let url = Url::parse(&cfg.engine_url).map_err(anyhow::Error::msg)?;
     Ok(Box::new(EngineCollector {
-        url,
-        timeout: cfg.engine_timeout,
+        api: EngineApi::new(cfg)?,
         max_streams: cfg.max_streams,
     }))
 }
 
-pub struct EngineCollector {
+/// The engine's stats API at `--engine.url`, read with `--engine.timeout`.
+/// Shared with the `tcp` collector, which asks it which sockets are
+/// longhaul's.
+pub struct EngineApi {
     url: Url,
     timeout: Duration,
-    max_streams: usize,
 }
 
-impl Collector for EngineCollector {
-    fn update(&self, out: &mut Vec<Family>) -> anyhow::Result<()> {
+impl EngineApi {
+    pub fn new(cfg: &Config) -> anyhow::Result<EngineApi> {
+        Ok(EngineApi {
+            url: Url::parse(&cfg.engine_url).map_err(anyhow::Error::msg)?,
+            timeout: cfg.engine_timeout,
+        })
+    }
+
+    /// One snapshot of the engine's sessions.
+    pub fn snapshot(&self) -> anyhow::Result<Snapshot> {
         let body = httpclient::get(&self.url, SESSIONS_PATH, self.timeout).with_context(|| {
             format!(
                 "engine stats API http://{}:{}{}{SESSIONS_PATH}",
                 self.url.host, self.url.port, self.url.prefix
             )
         })?;
-        let snap: Snapshot = serde_json::from_slice(&body)
-            .context("engine stats API answered something that is not a v1 snapshot")?;
+        serde_json::from_slice(&body)
+            .context("engine stats API answered something that is not a v1 snapshot")
+    }
+}
+
+/// Every socket the engine lists (control and data connections of its
+/// sessions) as (this end, remote end). Engines older than the `local` /
+/// `peer` fields list none.
+pub fn connections(snap: &Snapshot) -> HashSet<(SocketAddr, SocketAddr)> {
+    let pair = |local: &Option<String>, peer: Option<&str>| {
+        Some((local.as_deref()?.parse().ok()?, peer?.parse().ok()?))
+    };
+    let mut found = HashSet::new();
+    for s in &snap.sessions {
+        found.extend(pair(&s.local, Some(&s.peer)));
+        for st in &s.streams {
+            found.extend(pair(&st.local, st.peer.as_deref()));
+        }
+    }
+    found
+}
+
+pub struct EngineCollector {
+    api: EngineApi,
+    max_streams: usize,
+}
+
+impl Collector for EngineCollector {
+    fn update(&self, out: &mut Vec<Family>) -> anyhow::Result<()> {
+        let snap = self.api.snapshot()?;
         out.extend(families(&snap, self.max_streams));
         Ok(())
     }
@@ -136,7 +173,7 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         "Bytes the other end acknowledged on the stream's socket (tcpi_bytes_acked).",
     );
     let mut pacing = Family::gauge(
-        "longhaul_stream_pacing_rate_bytes",
+        "longhaul_stream_pacing_rate_bytes_per_second",
         "TCP pacing rate of the stream's socket at this end in bytes per second (sum for stream=\"other\").",
     );
     let mut device_io = Family::counter(
@@ -251,6 +288,7 @@ mod tests {
                 id: "s1".into(),
                 peer: "10.0.0.2:40000".into(),
                 peer_host: Some("xfer-a".into()),
+                local: Some("10.0.0.1:7400".into()),
                 mode: Mode::Disk,
                 direction: Direction::Receive,
                 state: State::Running,
@@ -262,13 +300,15 @@ mod tests {
                         id,
                         direction: Direction::Receive,
                         bytes: 10,
+                        local: Some("10.0.0.1:7400".into()),
+                        peer: Some(format!("10.0.0.2:{}", 40001 + id)),
                         tcp: Some(TcpInfo {
                             rtt_us: 1000 * (id + 1),
                             cwnd_bytes: 100,
                             retransmits: 1,
                             ..Default::default()
                         }),
-                        peer: false,
+                        peer_end: false,
                     })
                     .collect(),
                 devices: vec![DeviceIo {
@@ -317,7 +357,9 @@ mod tests {
             .iter()
             .map(|st| Stream {
                 direction: Direction::Send,
-                peer: true,
+                peer_end: true,
+                local: None,
+                peer: None,
                 bytes: st.bytes + 5,
                 tcp: Some(TcpInfo {
                     rtt_us: 93_000,
@@ -369,12 +411,26 @@ mod tests {
             700.0
         );
         assert_eq!(
-            value("longhaul_stream_pacing_rate_bytes", "0", "send"),
+            value("longhaul_stream_pacing_rate_bytes_per_second", "0", "send"),
             1000.0
         );
         assert_eq!(value("longhaul_stream_bytes_total", "other", "send"), 15.0);
         let info = &family("longhaul_session_info").samples[0];
         assert_eq!(info.labels[2], ("peer_host", "xfer-a".to_string()));
+    }
+
+    #[test]
+    fn connections_list_the_control_and_every_stream_socket() {
+        let mut snap = snapshot(2);
+        let found = connections(&snap);
+        let pair = |l: &str, r: &str| (l.parse().unwrap(), r.parse().unwrap());
+        assert_eq!(found.len(), 3);
+        assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40000")));
+        assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40002")));
+        // An older engine without addresses lists nothing, and garbage is skipped.
+        snap.sessions[0].local = None;
+        snap.sessions[0].streams[0].peer = Some("not an address".into());
+        assert_eq!(connections(&snap).len(), 1);
     }
 
     #[test]

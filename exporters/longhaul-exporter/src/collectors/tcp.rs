@@ -1,11 +1,32 @@
-//! `tcp` collector: kernel TCP_INFO for every socket whose local or remote
-//! port is in `--collector.tcp.ports`, whichever process owns it (longhaul,
-//! FDT, iperf3, xrootd), via sock_diag. Flows are labelled `local` and
-//! `remote` ("IP:PORT", "[v6]:PORT"); beyond `--collector.tcp.max-flows`
-//! the rest are summed into local="other",remote="other".
+//! `tcp` collector: kernel TCP_INFO, via sock_diag, for the sockets of other
+//! tools (FDT, iperf3, xrootd) whose local or remote port is in
+//! `--collector.tcp.ports`, whichever process owns them.
+//!
+//! Series carry stable identities, never ephemeral ports: the peer's address
+//! (`remote`) and the configured port range that matched (`ports`), with
+//! per-connection detail on reused `flow` slots, capped (see [`crate::flows`]).
+//!
+//! longhaul's own sockets are left to the `engine` collector, which already
+//! reports every stream: while `engine` is enabled, this collector asks the
+//! engine's stats API for its sessions' connections (each session's control
+//! socket and each stream's socket, as this-end/remote-end addresses) and
+//! skips the sockets with those addresses, in either orientation, so on one
+//! host both ends of a loopback transfer are skipped. A socket once counted
+//! stays counted until it closes, so a counter never goes down; a socket once
+//! recognised as the engine's stays skipped while it lives, even if a later
+//! stats API request fails. Sockets of a `longhaul send` whose receiving
+//! engine runs on another host are not known to this host's engine: they
+//! are reported here, by that host's engine collector as the receiver's.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Instant;
 
 use crate::collector::{Collector, CollectorSpec};
+use crate::collectors::engine::{self, EngineApi};
 use crate::config::Config;
+use crate::flows::{FlowBook, FlowKey, GroupKey, Observed};
 use crate::metrics::Family;
 use crate::ports::PortRanges;
 use crate::sock_diag::{self, TcpSocket};
@@ -13,111 +34,98 @@ use crate::sock_diag::{self, TcpSocket};
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "tcp",
     default_enabled: true,
-    help: "kernel TCP_INFO for sockets on the configured ports (any process)",
+    help: "kernel TCP_INFO for other tools' sockets on the configured ports (any process)",
     new,
 };
 
 fn new(cfg: &Config) -> anyhow::Result<Box<dyn Collector>> {
+    let engine = if cfg.collectors.contains(&engine::SPEC.name) {
+        Some(EngineApi::new(cfg)?)
+    } else {
+        None
+    };
     Ok(Box::new(TcpCollector {
         ports: cfg.tcp_ports.clone(),
-        max_flows: cfg.max_flows,
+        engine,
+        state: Mutex::new(State {
+            book: FlowBook::new(cfg.max_flows),
+            engine_sockets: HashSet::new(),
+        }),
     }))
 }
 
 pub struct TcpCollector {
     ports: PortRanges,
-    max_flows: usize,
+    /// The engine whose sockets are skipped (None: the engine collector is
+    /// off, so nothing else reports longhaul's sockets).
+    engine: Option<EngineApi>,
+    state: Mutex<State>,
 }
 
-/// The kernel's "no pacing limit" value of tcpi_pacing_rate.
-const UNLIMITED_PACING: u64 = u64::MAX;
+struct State {
+    book: FlowBook,
+    /// Live sockets known to be the engine's.
+    engine_sockets: HashSet<FlowKey>,
+}
 
 impl Collector for TcpCollector {
     fn update(&self, out: &mut Vec<Family>) -> anyhow::Result<()> {
-        let mut socks: Vec<TcpSocket> = sock_diag::tcp_sockets()
-            .map_err(|e| anyhow::anyhow!("sock_diag dump failed: {e}"))?
-            .into_iter()
-            .filter(|s| self.ports.contains(s.local.port()) || self.ports.contains(s.remote.port()))
-            .filter(|s| s.info.is_some())
-            .collect();
-        socks.sort_by_key(|s| (s.local, s.remote));
-        out.extend(families(&socks, self.max_flows));
+        let socks =
+            sock_diag::tcp_sockets().map_err(|e| anyhow::anyhow!("sock_diag dump failed: {e}"))?;
+        // No engine running is the normal state between campaigns.
+        let engine = self
+            .engine
+            .as_ref()
+            .and_then(|api| api.snapshot().ok())
+            .map(|snap| engine::connections(&snap))
+            .unwrap_or_default();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let observed = classify(&socks, &self.ports, &engine, &mut state);
+        state.book.update(observed, Instant::now());
+        out.extend(state.book.families());
         Ok(())
     }
 }
 
-fn addr_label(a: &std::net::SocketAddr) -> String {
-    a.to_string()
-}
-
-/// Builds the tcp families from sockets (all with info), capped.
-pub fn families(socks: &[TcpSocket], max_flows: usize) -> Vec<Family> {
-    let mut acked = Family::counter(
-        "longhaul_tcp_bytes_acked_total",
-        "Bytes the peer acknowledged on this TCP flow (tcpi_bytes_acked).",
-    );
-    let mut received = Family::counter(
-        "longhaul_tcp_bytes_received_total",
-        "Bytes received on this TCP flow (tcpi_bytes_received).",
-    );
-    let mut rtt = Family::gauge(
-        "longhaul_tcp_rtt_seconds",
-        "Smoothed round-trip time of the TCP flow (mean for the \"other\" flows).",
-    );
-    let mut retrans = Family::counter(
-        "longhaul_tcp_retransmits_total",
-        "Segments retransmitted on the TCP flow (tcpi_total_retrans).",
-    );
-    let mut cwnd = Family::gauge(
-        "longhaul_tcp_cwnd_bytes",
-        "Congestion window of the TCP flow in bytes (snd_cwnd x snd_mss; sum for \"other\").",
-    );
-    let mut pacing = Family::gauge(
-        "longhaul_tcp_pacing_rate_bytes",
-        "Pacing rate of the TCP flow in bytes per second (absent when unlimited; sum for \"other\").",
-    );
-    let mut other = (0u64, 0u64, 0f64, 0u64, 0u64, 0u64, 0u32);
-    let n_other = socks.len().saturating_sub(max_flows);
-    for (i, s) in socks.iter().enumerate() {
+/// This scrape's sockets on the watched ports that belong to other tools,
+/// grouped by stable identity; updates the set of the engine's sockets.
+fn classify(
+    socks: &[TcpSocket],
+    ports: &PortRanges,
+    engine: &HashSet<(SocketAddr, SocketAddr)>,
+    state: &mut State,
+) -> Vec<Observed> {
+    let mut engine_now = HashSet::new();
+    let mut observed = Vec::new();
+    for s in socks {
         let Some(info) = s.info else { continue };
-        let cwnd_bytes = u64::from(info.snd_cwnd) * u64::from(info.snd_mss);
-        let pace = info.pacing_rate.filter(|&p| p != UNLIMITED_PACING);
-        if i >= max_flows {
-            other.0 += info.bytes_acked.unwrap_or(0);
-            other.1 += info.bytes_received.unwrap_or(0);
-            other.2 += f64::from(info.rtt_us);
-            other.3 += u64::from(info.total_retrans);
-            other.4 += cwnd_bytes;
-            other.5 += pace.unwrap_or(0);
-            other.6 += 1;
+        let Some(range) = ports
+            .matching(s.local.port())
+            .or_else(|| ports.matching(s.remote.port()))
+        else {
+            continue;
+        };
+        let flow = FlowKey {
+            local: s.local,
+            remote: s.remote,
+            inode: s.inode,
+        };
+        let listed = engine.contains(&(s.local, s.remote)) || engine.contains(&(s.remote, s.local));
+        if !state.book.knows(&flow) && (listed || state.engine_sockets.contains(&flow)) {
+            engine_now.insert(flow);
             continue;
         }
-        let local = addr_label(&s.local);
-        let remote = addr_label(&s.remote);
-        let l = [("local", local.as_str()), ("remote", remote.as_str())];
-        if let Some(v) = info.bytes_acked {
-            acked.push_u64(&l, v);
-        }
-        if let Some(v) = info.bytes_received {
-            received.push_u64(&l, v);
-        }
-        rtt.push(&l, f64::from(info.rtt_us) / 1e6);
-        retrans.push_u64(&l, u64::from(info.total_retrans));
-        cwnd.push_u64(&l, cwnd_bytes);
-        if let Some(p) = pace {
-            pacing.push_u64(&l, p);
-        }
+        observed.push(Observed {
+            group: GroupKey {
+                remote: s.remote.ip().to_string(),
+                ports: range,
+            },
+            flow,
+            info,
+        });
     }
-    if n_other > 0 && other.6 > 0 {
-        let l = [("local", "other"), ("remote", "other")];
-        acked.push_u64(&l, other.0);
-        received.push_u64(&l, other.1);
-        rtt.push(&l, other.2 / f64::from(other.6) / 1e6);
-        retrans.push_u64(&l, other.3);
-        cwnd.push_u64(&l, other.4);
-        pacing.push_u64(&l, other.5);
-    }
-    vec![acked, received, rtt, retrans, cwnd, pacing]
+    state.engine_sockets = engine_now;
+    observed
 }
 
 #[cfg(test)]
@@ -125,34 +133,52 @@ mod tests {
     use super::*;
     use crate::sock_diag::TcpInfo;
 
-    fn sock(lport: u16, rport: u16) -> TcpSocket {
+    fn sock(local: &str, remote: &str, inode: u32) -> TcpSocket {
         TcpSocket {
-            local: format!("127.0.0.1:{lport}").parse().unwrap(),
-            remote: format!("[::1]:{rport}").parse().unwrap(),
+            local: local.parse().unwrap(),
+            remote: remote.parse().unwrap(),
             state: 1,
+            inode,
             info: Some(TcpInfo {
                 snd_mss: 1000,
                 rtt_us: 2000,
                 snd_cwnd: 10,
-                total_retrans: 1,
-                pacing_rate: Some(u64::MAX),
+                total_retrans: 0,
+                pacing_rate: None,
                 bytes_acked: Some(5),
                 bytes_received: Some(7),
+                ..TcpInfo::default()
             }),
         }
     }
 
     #[test]
-    fn flows_beyond_the_cap_are_summed() {
-        let socks: Vec<_> = (0..4).map(|i| sock(7400, 50000 + i)).collect();
-        let fams = families(&socks, 2);
-        let acked = &fams[0];
-        assert_eq!(acked.samples.len(), 3);
-        assert_eq!(acked.samples[0].labels[1].1, "[::1]:50000");
-        assert_eq!(acked.samples[2].labels[0].1, "other");
-        assert_eq!(acked.samples[2].value, 10.0);
-        assert_eq!(fams[4].samples[0].value, 10_000.0, "cwnd in bytes");
-        assert_eq!(fams[2].samples[0].value, 0.002, "rtt in seconds");
-        assert_eq!(fams[5].samples.len(), 1, "unlimited pacing is not a number");
+    fn engine_sockets_are_skipped_in_both_orientations_and_while_they_live() {
+        let ports: PortRanges = "7400-7499,5201".parse().unwrap();
+        let mut state = State {
+            book: FlowBook::new(64),
+            engine_sockets: HashSet::new(),
+        };
+        let socks = [
+            // The engine's end and, on loopback, the sender's end of one stream.
+            sock("127.0.0.1:7400", "127.0.0.1:50000", 1),
+            sock("127.0.0.1:50000", "127.0.0.1:7400", 2),
+            // iperf3, and a socket on no watched port.
+            sock("127.0.0.1:5201", "10.0.0.9:41000", 3),
+            sock("127.0.0.1:22", "10.0.0.9:41001", 4),
+        ];
+        let listed: HashSet<_> = [(
+            "127.0.0.1:7400".parse().unwrap(),
+            "127.0.0.1:50000".parse().unwrap(),
+        )]
+        .into();
+        let seen = classify(&socks, &ports, &listed, &mut state);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].group.remote, "10.0.0.9");
+        assert_eq!(seen[0].group.ports, "5201");
+        assert_eq!(state.engine_sockets.len(), 2);
+        // The stats API fails once: the known engine sockets stay skipped.
+        let seen = classify(&socks, &ports, &HashSet::new(), &mut state);
+        assert_eq!(seen.len(), 1, "{seen:?}");
     }
 }

@@ -77,13 +77,24 @@ impl Exporter {
         r.body
     }
 
+    /// Lines of the log holding `needle`. The log is read from the
+    /// exporter's stderr by a thread that may lag behind a scrape, so this
+    /// waits up to [`LOG_LAG`] for the first such line.
     pub fn log_lines(&self, needle: &str) -> usize {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
+        let count = || {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .count()
+        };
+        wait_for(LOG_LAG, || Some(count()).filter(|&n| n > 0)).unwrap_or_else(count)
+    }
+
+    /// Whether the log holds `needle` (waiting up to [`LOG_LAG`] for it).
+    pub fn logged(&self, needle: &str) -> bool {
+        self.log_lines(needle) > 0
     }
 
     pub fn log_text(&self) -> String {
@@ -279,6 +290,10 @@ pub fn promtool_check(scrape: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// How long the exporter's stderr may take to reach the test's log reader
+/// on a loaded machine.
+pub const LOG_LAG: Duration = Duration::from_secs(10);
 
 /// Polls `f` until it returns Some or `timeout` passes.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {

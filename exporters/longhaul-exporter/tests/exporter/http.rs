@@ -67,5 +67,5 @@ fn sigterm_shuts_down_cleanly() {
     };
     assert!(status.success(), "{status}");
     assert!(TcpStream::connect(exp.addr).is_err(), "still listening");
-    assert!(exp.log_text().contains("shutting down"));
+    assert!(exp.logged("shutting down"), "{}", exp.log_text());
 }

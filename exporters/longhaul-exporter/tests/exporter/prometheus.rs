@@ -143,7 +143,7 @@ fn promtool_accepts_a_live_scrape_of_this_host() {
     let scrape = exp.scrape();
     assert!(
         scrape.contains(&format!(
-            "longhaul_tcp_rtt_seconds{{local=\"127.0.0.1:{port}\""
+            "longhaul_tcp_rtt_seconds{{remote=\"127.0.0.1\",ports=\"{port}\",flow=\"0\"}}"
         )),
         "{scrape}"
     );

@@ -24,10 +24,21 @@ const FINAL_KEYS: &[&str] = &[
     "cpu",
     "session",
     "peer",
+    "started",
+    "started_unix",
+    "requested_seconds",
 ];
 
 /// Keys of an interval line, in order.
-const INTERVAL_KEYS: &[&str] = &["type", "start", "end", "bytes", "throughput_bps", "streams"];
+const INTERVAL_KEYS: &[&str] = &[
+    "type",
+    "counts",
+    "start",
+    "end",
+    "bytes",
+    "throughput_bps",
+    "streams",
+];
 
 /// `keys` appear in `line` as top-level JSON keys, in this order, and no
 /// other key does.

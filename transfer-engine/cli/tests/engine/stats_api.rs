@@ -27,7 +27,7 @@ fn stats_api_shows_a_running_session_with_streams() {
     let session = loop {
         let snap = snapshot(server.stats_port);
         let found = snap.sessions.into_iter().find(|s| {
-            let own: Vec<_> = s.streams.iter().filter(|st| !st.peer).collect();
+            let own: Vec<_> = s.streams.iter().filter(|st| !st.peer_end).collect();
             s.state == State::Running
                 && own.len() == 4
                 && s.bytes_received > 0
@@ -48,7 +48,22 @@ fn stats_api_shows_a_running_session_with_streams() {
     assert!(session
         .streams
         .iter()
-        .all(|s| s.peer || s.direction == Direction::Receive));
+        .all(|s| s.peer_end || s.direction == Direction::Receive));
+    // This engine's own sockets carry their addresses (the exporter's tcp
+    // collector skips them); the client's reported ends carry none.
+    assert_eq!(session.local, Some(server.addr()));
+    for st in &session.streams {
+        if st.peer_end {
+            assert_eq!((&st.local, &st.peer), (&None, &None), "{st:?}");
+        } else {
+            assert_eq!(st.local, Some(server.addr()), "{st:?}");
+            assert!(
+                st.peer.as_deref().unwrap().starts_with("127.0.0.1:"),
+                "{st:?}"
+            );
+            assert_ne!(st.peer.as_deref(), Some(session.peer.as_str()), "{st:?}");
+        }
+    }
 
     let out = sender.wait(RUN_TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -70,7 +85,7 @@ fn stats_api_shows_a_running_session_with_streams() {
 }
 
 /// The server's stats API lists the client's end of every stream too
-/// (`peer: true`, reported over the control connection while the run lasts),
+/// (`peer_end: true`, reported over the control connection while the run lasts),
 /// so the sending side's TCP_INFO is visible whichever end sends: the
 /// client (default), the server (`--reverse`) or both (`--bidir`).
 #[test]
@@ -125,13 +140,13 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
         for id in 0..connections {
             let ends: Vec<_> = session.streams.iter().filter(|s| s.id == id).collect();
             assert_eq!(ends.len(), 2, "{flag}: stream {id}: {ends:?}");
-            assert_ne!(ends[0].peer, ends[1].peer, "{flag}: {ends:?}");
+            assert_ne!(ends[0].peer_end, ends[1].peer_end, "{flag}: {ends:?}");
             assert_ne!(ends[0].direction, ends[1].direction, "{flag}: {ends:?}");
         }
         let server_sends = session
             .streams
             .iter()
-            .any(|s| !s.peer && s.direction == Direction::Send);
+            .any(|s| !s.peer_end && s.direction == Direction::Send);
         assert_eq!(
             server_sends,
             !flag.is_empty(),
@@ -141,7 +156,7 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
         let client_sends = session
             .streams
             .iter()
-            .any(|s| s.peer && s.direction == Direction::Send);
+            .any(|s| s.peer_end && s.direction == Direction::Send);
         assert_eq!(client_sends, flag != "--reverse", "{flag}");
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(

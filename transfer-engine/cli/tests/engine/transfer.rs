@@ -114,6 +114,23 @@ fn time_mode_prints_json_intervals_then_the_result() {
         .all(|l| l["type"] == "interval"));
     let last = lines.last().unwrap();
     check_final(last, 2);
+    // Intervals count delivered bytes (acknowledged by the receiver), never
+    // more than the receiver got; the asked duration is in the result, and
+    // both ends of a loopback run share one kernel.
+    let intervals = &lines[..lines.len() - 1];
+    assert!(intervals.iter().all(|l| l["counts"] == "delivered"));
+    let delivered: u64 = intervals.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
+    assert!(
+        delivered <= last["bytes"].as_u64().unwrap(),
+        "{delivered} > {last}"
+    );
+    assert!(delivered > 0);
+    assert_eq!(last["requested_seconds"].as_f64(), Some(1.2));
+    let boot = |end: &str| last["cpu"][end]["kernel_boot_id"].as_u64().unwrap();
+    assert!(
+        boot("sender") != 0 && boot("sender") == boot("receiver"),
+        "{last}"
+    );
     // --rate 200M: the in-process pacer holds the total near 200 Mb/s.
     let bps = last["throughput_bps"].as_f64().unwrap();
     assert!(bps > 120e6 && bps < 260e6, "paced throughput {bps}");
@@ -179,4 +196,57 @@ fn a_buffer_the_kernel_caps_is_warned_about_naming_the_sysctl() {
     ]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stderr.contains("net.core.wmem_max"), "{}", out.stderr);
+}
+
+/// `--start-at T`: senders launched up to 1.5 s apart all start their data
+/// phase at T (their JSON `started_unix` within 1 s of each other and not
+/// before T), as a campaign phase needs; a T already past is a usage error.
+#[test]
+fn senders_given_one_start_instant_start_together() {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let server = Server::start(&[]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let at = (now + Duration::from_secs(4)).as_secs_f64();
+    let at_text = format!("{at:.3}");
+    let mut running = Vec::new();
+    for pair in 0..4 {
+        running.push(spawn(&[
+            "send",
+            "--to",
+            &server.addr(),
+            "--start-at",
+            &at_text,
+            "--bytes",
+            "4M",
+            "--json",
+        ]));
+        if pair < 3 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let starts: Vec<f64> = running
+        .into_iter()
+        .map(|r| {
+            let out = r.wait(RUN_TIMEOUT);
+            assert_eq!(out.code, Some(0), "{}", out.stderr);
+            let v = last_json(&out.stdout);
+            assert!(v["started"].as_str().unwrap().ends_with('Z'), "{v}");
+            v["started_unix"].as_f64().unwrap()
+        })
+        .collect();
+    let first = starts.iter().cloned().fold(f64::MAX, f64::min);
+    let last = starts.iter().cloned().fold(f64::MIN, f64::max);
+    assert!(first >= at - 0.001, "started before T: {starts:?} (T {at})");
+    assert!(last - first < 1.0, "start times spread {starts:?}");
+    let out = run(&[
+        "send",
+        "--to",
+        &server.addr(),
+        "--start-at",
+        &format!("{:.3}", at - 60.0),
+        "--bytes",
+        "1M",
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("passed"), "{}", out.stderr);
 }

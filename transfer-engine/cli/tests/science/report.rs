@@ -96,6 +96,8 @@ fn report_has_every_figure_with_sane_sizes() {
         "0.5",
         "--json",
     ]);
+    let with_intervals_json: serde_json::Value =
+        serde_json::from_str(with_intervals.lines().last().unwrap()).unwrap();
     std::fs::write(campaign.join("a-to-b.json"), with_intervals).unwrap();
     std::fs::write(
         campaign.join("a-to-b.run.json"),
@@ -224,6 +226,22 @@ fn report_has_every_figure_with_sane_sizes() {
     );
     assert!(figure(&html, "fig-heatmap-1").contains("64K"));
     assert!(figure(&html, "fig-throughput-time").contains("b/s"));
+    // Delivered bytes, steps to the measured end, the asked duration
+    // explained, and one machine's CPU said to be one machine's.
+    let caption = &html[html.find("<figure id=\"fig-throughput-time\">").unwrap()..];
+    let caption = &caption[..caption.find("</figure>").unwrap()];
+    assert!(caption.contains("Delivered throughput"), "{caption}");
+    assert!(caption.contains("#2 asked for 1.5 s and took"), "{caption}");
+    assert!(caption.contains("<table id=\"fig-throughput-time-data\">"));
+    let measured = with_intervals_json["seconds"].as_f64().unwrap();
+    assert!(
+        caption.contains(&format!("<td>{measured:.3}</td><td>")),
+        "the last step ends at the run's {measured} s: {caption}"
+    );
+    assert!(
+        html.contains("#1, #2, #3: both ends ran on one machine"),
+        "CPU caption"
+    );
     // The run table names the campaign run; the bad file is listed.
     assert!(html.contains("mem-3x/20261121T080000Z/a-to-b"));
     assert!(
@@ -243,5 +261,93 @@ fn an_empty_directory_is_a_usage_error() {
         o.stderr.contains("holds no longhaul results"),
         "{}",
         o.stderr
+    );
+}
+
+/// A campaign phase's summary next to its runs: the report draws each
+/// direction's aggregate over time (bidir runs split by what they moved each
+/// way) and, with --prometheus, the routers' interfaces beside it.
+#[test]
+fn a_phase_gets_its_aggregate_per_direction_engine_and_router() {
+    let dir = Scratch::new("report-phase");
+    let camp = dir.path().join("mem-2pairs/20261124T010000Z");
+    std::fs::create_dir_all(&camp).unwrap();
+    let run = |name: &str, started: f64, direction: &str, sent: u64, received: u64| {
+        let mut lines = String::new();
+        for s in 0..4 {
+            lines.push_str(&format!(
+                "{{\"type\":\"interval\",\"start\":{s}.0,\"end\":{}.0,\"bytes\":{},\"throughput_bps\":{},\"streams\":[]}}\n",
+                s + 1,
+                (sent + received) / 4,
+                (sent + received) * 2
+            ));
+        }
+        lines.push_str(&format!(
+            "{{\"type\":\"result\",\"mode\":\"memory\",\"direction\":\"{direction}\",\"bytes\":{},\
+             \"bytes_sent\":{sent},\"bytes_received\":{received},\"seconds\":4.0,\
+             \"throughput_bps\":{},\"started_unix\":{started},\"streams\":[]}}\n",
+            sent + received,
+            (sent + received) * 2
+        ));
+        std::fs::write(camp.join(format!("{name}.json")), lines).unwrap();
+    };
+    run("pair1", 1000.0, "send", 4_000_000_000, 0);
+    run("pair2", 1000.5, "bidir", 1_000_000_000, 3_000_000_000);
+    let phase = r#"{"type":"phase","phase":"both-directions","started_unix":1000.0,"ended_unix":1004.5,
+        "start_spread_seconds":0.5,"seconds":4.5,
+        "directions":{
+          "A->B":{"from":"A","to":"B","link":"A--B","bytes":5000000000,"runs":["pair1","pair2"],
+                  "run_bytes":{"pair1":4000000000,"pair2":1000000000}},
+          "B->A":{"from":"B","to":"A","link":"A--B","bytes":3000000000,"runs":["pair2"],
+                  "run_bytes":{"pair2":3000000000}}}}"#;
+    std::fs::write(camp.join("both-directions.phase.json"), phase).unwrap();
+
+    // Without Prometheus: the engine's two directions.
+    let html_path = dir.path().join("report.html");
+    ok(&[
+        "report",
+        &dir.path().display().to_string(),
+        "--out",
+        &html_path.display().to_string(),
+    ]);
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    check_svg(&html, "fig-phase-1", 2);
+    let svg = figure(&html, "fig-phase-1");
+    assert!(
+        svg.contains("A-&gt;B engine") || svg.contains("A->B engine"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("B-&gt;A engine") || svg.contains("B->A engine"),
+        "{svg}"
+    );
+    // Overlap 0.5..4 s: A->B is pair1 (8 Gb/s) + a quarter of pair2 (2 Gb/s).
+    assert!(svg.contains("Gb/s"), "{svg}");
+    assert!(html.contains("started 0.500 s apart"), "{html}");
+
+    // With Prometheus: the routers' interfaces over the phase's window.
+    let (prom, prom_thread) = fake_prometheus(6);
+    ok(&[
+        "report",
+        &dir.path().display().to_string(),
+        "--out",
+        &html_path.display().to_string(),
+        "--prometheus",
+        &prom,
+        "--from",
+        "990",
+        "--to",
+        "1010",
+    ]);
+    let requests = prom_thread.join().unwrap();
+    assert!(
+        requests[0].contains("interface_ifHCOutOctets") && requests[0].contains("start=970.000"),
+        "{}",
+        requests[0]
+    );
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(
+        figure(&html, "fig-phase-1").contains("router"),
+        "router series missing"
     );
 }

@@ -1,15 +1,16 @@
 //! The report's figures, from result files and Prometheus: throughput
 //! over time, per stream, CPU and disk IO of transfers; heatmap and curves
 //! of window x streams sweeps; latency, throughput and CPU per message of
-//! message-length sweeps; Prometheus series of a time range. Each is drawn
+//! message-length sweeps; a campaign phase's aggregate per direction, the
+//! engine's beside the router's; Prometheus series of a time range. Each is drawn
 //! with [`crate::charts`] and captioned for the page.
 
 use longhaul_engine::Result;
-use longhaul_units::{format_bps, size_arg};
+use longhaul_units::{format_bps, format_bytes, size_arg};
 use serde_json::Value;
 
 use crate::charts::{bar_chart, byte_rate_unit, heatmap, line_chart, rate_unit, Axis, Bar, Series};
-use crate::prometheus::{self, Unit, MAX_SERIES, QUERIES};
+use crate::prometheus::{self, PromSeries, Unit, MAX_SERIES, QUERIES, ROUTER_OUT};
 use crate::results::{field, Run, SweepFile};
 
 use super::page::{esc, run_label, short, Figure};
@@ -18,74 +19,190 @@ use super::page::{esc, run_label, short, Figure};
 /// per-stream figure: beyond a dozen the figures stop being readable.
 pub const MAX_RUNS_DRAWN: usize = 12;
 
+/// One run's throughput over time as steps `(start, end, bits/s)` from its
+/// `--interval` lines, ending at the run's measured duration: the last
+/// line before it is stretched or cut to end there and carries the bytes
+/// the lines did not count (the run ends between two ticks), and lines
+/// after it (ticks while the ends exchange their totals) are left out, so
+/// no tail toward zero is drawn. `None` without lines.
+pub fn throughput_steps(run: &Run) -> Option<Vec<(f64, f64, f64)>> {
+    if run.intervals.is_empty() {
+        return None;
+    }
+    let seconds = field(&run.result, "seconds");
+    let all = run
+        .intervals
+        .iter()
+        .map(|i| (field(i, "start"), field(i, "end"), field(i, "bytes")));
+    let mut steps: Vec<(f64, f64, f64)> = if seconds > 0.0 {
+        all.filter(|s| s.0 < seconds).collect()
+    } else {
+        all.collect()
+    };
+    let counted: f64 = steps.iter().map(|s| s.2).sum();
+    let rest = (field(&run.result, "bytes") - counted).max(0.0);
+    if let Some(last) = steps.last_mut() {
+        if seconds > 0.0 {
+            last.1 = seconds;
+        }
+        last.2 += rest;
+    }
+    // A sliver of an interval at the end (the run ended just after a tick)
+    // joins the one before: over a few ms, acknowledgements come in bursts.
+    if let [.., prev, last] = steps.as_slice() {
+        if last.1 - last.0 < 0.5 * (prev.1 - prev.0) {
+            let merged = (prev.0, last.1, prev.2 + last.2);
+            steps.truncate(steps.len() - 2);
+            steps.push(merged);
+        }
+    }
+    Some(
+        steps
+            .into_iter()
+            .map(|(a, b, bytes)| (a, b, bytes * 8.0 / (b - a).max(1e-9)))
+            .collect(),
+    )
+}
+
+/// Whether a run's interval lines count delivered bytes (the receiver's
+/// acknowledgements or reads) rather than bytes the sender wrote, as
+/// versions before the `counts` field did.
+fn counts_delivered(run: &Run) -> bool {
+    run.intervals.iter().all(|i| i["counts"] == "delivered")
+}
+
+/// Why a run took longer than the `--time` it asked for, or `None` when
+/// it did not (or asked for an amount of data).
+pub fn duration_note(run: &Run) -> Option<String> {
+    let asked = run.result["requested_seconds"].as_f64()?;
+    let took = field(&run.result, "seconds");
+    let extra = took - asked;
+    if extra.abs() < 0.5 {
+        return Some(format!("asked for {asked} s and took {took:.1} s"));
+    }
+    let after: f64 = throughput_steps(run)
+        .unwrap_or_default()
+        .iter()
+        .map(|&(a, b, bps)| bps / 8.0 * (b - a.max(asked)).max(0.0))
+        .sum();
+    let mut note = format!(
+        "asked for {asked} s and took {took:.1} s: the sender stops writing after {asked} s, \
+         then waits until the receiver has read every byte"
+    );
+    if after > 0.0 {
+        note.push_str(&format!(
+            "; {} written before then was still in socket buffers and router queues, \
+             and took the last {extra:.1} s to arrive",
+            format_bytes(after as u64)
+        ));
+    }
+    Some(note)
+}
+
 /// Throughput of each run over time.
 pub fn fig_throughput_time(runs: &[Run]) -> Result<Option<Figure>> {
     if runs.is_empty() {
         return Ok(None);
     }
-    let max = runs
+    let drawn = &runs[..runs.len().min(MAX_RUNS_DRAWN)];
+    // Each interval is a step over [start, end]; a run without intervals
+    // is one step at its average.
+    let steps: Vec<Vec<(f64, f64, f64)>> = drawn
         .iter()
-        .flat_map(|r| {
-            r.intervals
-                .iter()
-                .map(|i| field(i, "throughput_bps"))
-                .chain(std::iter::once(field(&r.result, "throughput_bps")))
+        .map(|r| {
+            throughput_steps(r).unwrap_or_else(|| {
+                let secs = field(&r.result, "seconds");
+                vec![(0.0, secs, field(&r.result, "throughput_bps"))]
+            })
         })
-        .fold(0.0, f64::max);
+        .collect();
+    let max = steps.iter().flatten().map(|s| s.2).fold(0.0, f64::max);
     let (div, unit) = rate_unit(max);
-    let mut any_flat = false;
-    let series: Vec<Series> = runs
+    let series: Vec<Series> = drawn
         .iter()
-        .take(MAX_RUNS_DRAWN)
+        .zip(&steps)
         .enumerate()
-        .map(|(i, r)| {
-            // Each interval is a step over [start, end]; a run without
-            // intervals is one step at its average.
-            let (points, suffix) = if r.intervals.is_empty() {
-                any_flat = true;
-                let avg = field(&r.result, "throughput_bps") / div;
-                (
-                    vec![(0.0, avg), (field(&r.result, "seconds"), avg)],
-                    " (average)",
-                )
-            } else {
-                let pts = r
-                    .intervals
-                    .iter()
-                    .flat_map(|iv| {
-                        let v = field(iv, "throughput_bps") / div;
-                        [(field(iv, "start"), v), (field(iv, "end"), v)]
-                    })
-                    .collect();
-                (pts, "")
-            };
-            Series {
-                name: format!("{} {}{suffix}", run_label(i), short(&r.name)),
-                points,
-                dashed: false,
-                color: i,
-                markers: false,
-            }
+        .map(|(i, (r, st))| Series {
+            name: format!(
+                "{} {}{}",
+                run_label(i),
+                short(&r.name),
+                if r.intervals.is_empty() {
+                    " (average)"
+                } else {
+                    ""
+                }
+            ),
+            points: st
+                .iter()
+                .flat_map(|&(a, b, v)| [(a, v / div), (b, v / div)])
+                .collect(),
+            dashed: false,
+            color: i,
+            markers: false,
         })
         .collect();
     let svg = line_chart(
         "Throughput over time",
         (Axis::Linear, "time since start (s)"),
-        (Axis::Linear, &format!("throughput ({unit})")),
+        (Axis::Linear, &format!("delivered throughput ({unit})")),
         &series,
     )?;
-    let mut caption = format!("Payload throughput per run in {unit}");
-    if any_flat {
+    let mut caption = format!(
+        "Delivered throughput per run in {unit}: per <code>--interval</code>, the bytes \
+         the receiver acknowledged (TCP) or read, so the first seconds do not count socket \
+         buffers filling; each line ends at the run's measured duration"
+    );
+    if drawn.iter().any(|r| r.intervals.is_empty()) {
         caption.push_str("; runs without --interval lines are drawn at their average");
+    }
+    let written: Vec<String> = drawn
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.intervals.is_empty() && !counts_delivered(r))
+        .map(|(i, _)| run_label(i))
+        .collect();
+    if !written.is_empty() {
+        caption.push_str(&format!(
+            "; {} come from an older longhaul whose interval lines count bytes written \
+             by the sender, which run ahead of the path while socket buffers fill",
+            written.join(", ")
+        ));
     }
     if runs.len() > MAX_RUNS_DRAWN {
         caption.push_str(&format!("; first {MAX_RUNS_DRAWN} of {} runs", runs.len()));
     }
+    caption.push('.');
+    for (i, r) in drawn.iter().enumerate() {
+        if let Some(note) = duration_note(r) {
+            caption.push_str(&format!(" {} {}.", run_label(i), note));
+        }
+    }
     Ok(Some(Figure {
         id: "fig-throughput-time".into(),
         svg,
-        caption: caption + ".",
+        caption: caption + &steps_table(drawn, &steps),
     }))
+}
+
+/// The drawn steps as a collapsed table (`id="fig-throughput-time-data"`),
+/// for readers who want the numbers and for tests.
+fn steps_table(runs: &[Run], steps: &[Vec<(f64, f64, f64)>]) -> String {
+    let mut t = String::from(
+        "<details><summary>numbers</summary><table id=\"fig-throughput-time-data\">\
+         <tr><th>run</th><th>from (s)</th><th>to (s)</th><th>bits/s</th></tr>",
+    );
+    for (i, (r, st)) in runs.iter().zip(steps).enumerate() {
+        for &(a, b, v) in st {
+            t.push_str(&format!(
+                "<tr><td>{} {}</td><td>{a:.3}</td><td>{b:.3}</td><td>{v:.0}</td></tr>",
+                run_label(i),
+                esc(short(&r.name))
+            ));
+        }
+    }
+    t.push_str("</table></details>");
+    t
 }
 
 pub fn fig_per_stream(i: usize, run: &Run) -> Result<Option<Figure>> {
@@ -161,6 +278,16 @@ pub fn fig_cpu(runs: &[Run]) -> Result<Option<Figure>> {
             });
         }
     }
+    let shared: Vec<String> = runs
+        .iter()
+        .take(MAX_RUNS_DRAWN)
+        .enumerate()
+        .filter(|(_, r)| {
+            let id = |k: &str| r.result["cpu"][k]["kernel_boot_id"].as_u64().unwrap_or(0);
+            id("sender") != 0 && id("sender") == id("receiver")
+        })
+        .map(|(i, _)| run_label(i))
+        .collect();
     let svg = bar_chart(
         "CPU of both ends (whole machine)",
         (
@@ -174,9 +301,20 @@ pub fn fig_cpu(runs: &[Run]) -> Result<Option<Figure>> {
     Ok(Some(Figure {
         id: "fig-cpu".into(),
         svg,
-        caption: "User, system and softirq time of each end's machine over the data phase \
-                  (/proc/stat), percent of all its CPUs. Run numbers as in the table above."
-            .into(),
+        caption: format!(
+            "User, system and softirq time of each end's machine over the data phase \
+             (/proc/stat), percent of all its CPUs. Run numbers as in the table above.{}",
+            if shared.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " <strong>{}: both ends ran on one machine</strong> (the same kernel boot \
+                     id: containers on one host, or loopback), so their bars are the same \
+                     machine's CPU counted twice, not one end each.",
+                    shared.join(", ")
+                )
+            }
+        ),
     }))
 }
 
@@ -571,4 +709,218 @@ pub fn fig_prometheus(
         });
     }
     figs
+}
+
+/// One run's throughput over absolute time: (start, end, bits/s) of each
+/// interval line (or the whole run at its average), scaled by `share`.
+fn run_steps(run: &Run, share: f64) -> Vec<(f64, f64, f64)> {
+    let t0 = field(&run.result, "started_unix");
+    if run.intervals.is_empty() {
+        let secs = field(&run.result, "seconds");
+        return vec![(t0, t0 + secs, field(&run.result, "throughput_bps") * share)];
+    }
+    run.intervals
+        .iter()
+        .map(|iv| {
+            (
+                t0 + field(iv, "start"),
+                t0 + field(iv, "end"),
+                field(iv, "throughput_bps") * share,
+            )
+        })
+        .collect()
+}
+
+/// The sum of overlapping steps as one step line, in seconds since `t0`.
+fn summed_steps(steps: &[(f64, f64, f64)], t0: f64) -> Vec<(f64, f64)> {
+    let mut edges: Vec<f64> = steps.iter().flat_map(|s| [s.0, s.1]).collect();
+    edges.sort_by(f64::total_cmp);
+    edges.dedup();
+    let mut points = Vec::new();
+    for w in edges.windows(2) {
+        let mid = (w[0] + w[1]) / 2.0;
+        let v: f64 = steps
+            .iter()
+            .filter(|s| s.0 <= mid && mid < s.1)
+            .map(|s| s.2)
+            .sum();
+        points.push((w[0] - t0, v));
+        points.push((w[1] - t0, v));
+    }
+    points
+}
+
+/// Figure 5 of FDT's memory-to-memory page for one campaign phase: the
+/// aggregate throughput of each direction over time, the engine's (the sum
+/// of its runs' interval lines, a bidir run split by what it moved each
+/// way) as solid lines, and beside them, dashed, what the routers'
+/// interfaces sent over the same time (`router`: series from
+/// [`ROUTER_OUT`], time in Unix seconds).
+pub fn fig_phase_aggregate(
+    n: usize,
+    phase: &SweepFile,
+    runs: &[Run],
+    router: &[PromSeries],
+) -> Result<Option<Figure>> {
+    let v = &phase.value;
+    let name = v["phase"].as_str().unwrap_or(&phase.name);
+    let t0 = field(v, "started_unix");
+    let dir = phase.name.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+    let run_named = |run: &str| {
+        let want = if dir.is_empty() {
+            run.to_string()
+        } else {
+            format!("{dir}/{run}")
+        };
+        runs.iter().find(|r| r.name == want)
+    };
+    let mut series = Vec::new();
+    let directions = v["directions"].as_object().cloned().unwrap_or_default();
+    for (i, (key, d)) in directions.iter().enumerate() {
+        let mut steps = Vec::new();
+        for (run, moved) in d["run_bytes"].as_object().into_iter().flatten() {
+            let Some(r) = run_named(run) else { continue };
+            let total = field(&r.result, "bytes");
+            let share = if total > 0.0 {
+                moved.as_f64().unwrap_or(0.0) / total
+            } else {
+                0.0
+            };
+            steps.extend(run_steps(r, share));
+        }
+        if steps.is_empty() {
+            continue;
+        }
+        series.push(Series {
+            name: format!("{key} engine"),
+            points: summed_steps(&steps, t0),
+            dashed: false,
+            color: i,
+            markers: false,
+        });
+    }
+    if series.is_empty() {
+        return Ok(None);
+    }
+    let end = field(v, "ended_unix");
+    for (j, s) in router.iter().take(MAX_SERIES).enumerate() {
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|p| p.0 >= t0 - 30.0 && p.0 <= end + 30.0)
+            .map(|&(t, b)| (t - t0, b))
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        series.push(Series {
+            name: format!("router {}", s.name),
+            points,
+            dashed: true,
+            color: directions.len() + j,
+            markers: true,
+        });
+    }
+    let max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0, f64::max);
+    let (div, unit) = rate_unit(max);
+    for s in &mut series {
+        for p in &mut s.points {
+            p.1 /= div;
+        }
+    }
+    let svg = line_chart(
+        &format!("Phase {name}: aggregate per direction"),
+        (Axis::Linear, "seconds since the phase started"),
+        (Axis::Linear, &format!("throughput ({unit})")),
+        &series,
+    )?;
+    let mut caption = format!(
+        "Phase <code>{}</code>: each direction's aggregate in {unit}, the sum of its runs' \
+         interval lines (solid), started {:.3} s apart",
+        esc(name),
+        field(v, "start_spread_seconds")
+    );
+    if router.is_empty() {
+        caption.push_str("; with --prometheus the routers' interfaces are drawn beside them");
+    } else {
+        caption.push_str(&format!(
+            "; dashed: what the routers' interfaces sent (<code>{}</code>)",
+            esc(ROUTER_OUT.promql)
+        ));
+    }
+    Ok(Some(Figure {
+        id: format!("fig-phase-{}", n + 1),
+        svg,
+        caption: caption + ".",
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(result: Value, intervals: &[(f64, f64, u64)]) -> Run {
+        Run {
+            name: "r".into(),
+            result,
+            intervals: intervals
+                .iter()
+                .map(|&(s, e, b)| json!({"type": "interval", "counts": "delivered", "start": s, "end": e, "bytes": b}))
+                .collect(),
+            meta: None,
+        }
+    }
+
+    #[test]
+    fn steps_end_at_the_measured_duration_without_a_tail() {
+        // Ticks every second; the run ends at 3.05 s; a tick at 4 s came
+        // while the ends exchanged totals; 50 bytes arrived after the last
+        // counted tick.
+        let r = run(
+            json!({"seconds": 3.05, "bytes": 350}),
+            &[
+                (0.0, 1.0, 100),
+                (1.0, 2.0, 100),
+                (2.0, 3.0, 100),
+                (3.0, 4.0, 0),
+            ],
+        );
+        let steps = throughput_steps(&r).unwrap();
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        assert_eq!(steps[2].0, 2.0);
+        assert_eq!(steps[2].1, 3.05);
+        // The sliver [3.0, 3.05] joined [2.0, 3.0] with the 50 uncounted bytes.
+        assert!((steps[2].2 - 150.0 * 8.0 / 1.05).abs() < 1e-6, "{steps:?}");
+        let total: f64 = steps.iter().map(|s| s.2 / 8.0 * (s.1 - s.0)).sum();
+        assert!((total - 350.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_longer_run_explains_the_difference() {
+        let r = run(
+            json!({"seconds": 4.0, "bytes": 400, "requested_seconds": 2.0}),
+            &[
+                (0.0, 1.0, 100),
+                (1.0, 2.0, 100),
+                (2.0, 3.0, 100),
+                (3.0, 4.0, 100),
+            ],
+        );
+        let note = duration_note(&r).unwrap();
+        assert!(note.starts_with("asked for 2 s and took 4.0 s"), "{note}");
+        assert!(note.contains("200 B written before then"), "{note}");
+        let on_time = run(
+            json!({"seconds": 2.1, "bytes": 1, "requested_seconds": 2.0}),
+            &[],
+        );
+        assert_eq!(
+            duration_note(&on_time).unwrap(),
+            "asked for 2 s and took 2.1 s"
+        );
+        assert!(duration_note(&run(json!({"seconds": 2.0}), &[])).is_none());
+    }
 }

@@ -9,6 +9,8 @@
 //!   window (sweep files);
 //! - message-length curves: latency p50/p99, streaming throughput and CPU
 //!   per message against message length, one curve per load level;
+//! - per campaign phase (`<phase>.phase.json`), the aggregate of each
+//!   direction over time, engine beside router (with `--prometheus`);
 //! - optionally the same kinds of series from Prometheus for a time range.
 //!
 //! [`results`](crate::results) reads the files, [`figures`] draws,
@@ -24,14 +26,18 @@ use longhaul_engine::{Error, Result};
 use crate::results::{self, Results};
 
 use self::figures::{
-    fig_cpu, fig_disk, fig_messages, fig_per_stream, fig_prometheus, fig_sweep,
-    fig_throughput_time, MAX_RUNS_DRAWN,
+    fig_cpu, fig_disk, fig_messages, fig_per_stream, fig_phase_aggregate, fig_prometheus,
+    fig_sweep, fig_throughput_time, MAX_RUNS_DRAWN,
 };
 use self::page::{advice_table, esc, runs_table, Figure, Section, STYLE};
 
 /// Default Prometheus step when `--step` is not given: the scrape interval
 /// of the lab's Prometheus.
 const DEFAULT_STEP: f64 = 15.0;
+
+/// Prometheus step of the routers' series in a phase figure: a phase lasts
+/// tens of seconds, so the scrape interval's 15 s would leave two points.
+const PHASE_STEP: f64 = 5.0;
 
 /// `longhaul report` options.
 #[derive(Debug, Clone, Default)]
@@ -67,6 +73,27 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
                 figures: figs,
             },
             &runs_table(&r.runs),
+        );
+    }
+    if !r.phases.is_empty() {
+        let mut figs = Vec::new();
+        for (n, phase) in r.phases.iter().enumerate() {
+            let router = match &opts.prometheus {
+                Some(url) => router_series(url, &phase.value, opts.step, notes),
+                None => Vec::new(),
+            };
+            figs.extend(fig_phase_aggregate(n, phase, &r.runs, &router)?);
+        }
+        push(
+            Section {
+                title: "Phases".into(),
+                intro: format!(
+                    "{} campaign phase(s): runs started together, summed per direction.",
+                    r.phases.len()
+                ),
+                figures: figs,
+            },
+            "",
         );
     }
     let mut sweep_figs = Vec::new();
@@ -112,6 +139,32 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
         );
     }
     Ok(body)
+}
+
+/// The routers' interfaces over a phase's time (and half a minute either
+/// side); a failed query is a note, not an error.
+fn router_series(
+    url: &str,
+    phase: &serde_json::Value,
+    step: Option<f64>,
+    notes: &mut Vec<String>,
+) -> Vec<crate::prometheus::PromSeries> {
+    let from = results::field(phase, "started_unix") - 30.0;
+    let to = results::field(phase, "ended_unix") + 30.0;
+    let step = step.unwrap_or(PHASE_STEP);
+    match crate::prometheus::query_range(
+        url,
+        &crate::prometheus::ROUTER_OUT,
+        &format!("{from:.3}"),
+        &format!("{to:.3}"),
+        step,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            notes.push(format!("Prometheus, routers during phase: {e}"));
+            Vec::new()
+        }
+    }
 }
 
 /// Renders the whole page.

@@ -71,7 +71,7 @@ pub fn esc(text: &str) -> String {
 pub fn runs_table(runs: &[Run]) -> String {
     let mut t = String::from(
         "<table><tr><th>#</th><th>run</th><th>mode</th><th>direction</th><th>streams</th>\
-         <th>started</th><th>seconds</th><th>throughput</th><th>retransmits</th>\
+         <th>started</th><th>seconds (asked)</th><th>throughput</th><th>retransmits</th>\
          <th>sender CPU sys / softirq</th><th>receiver CPU sys / softirq</th></tr>\n",
     );
     for (i, r) in runs.iter().enumerate() {
@@ -96,7 +96,7 @@ pub fn runs_table(runs: &[Run]) -> String {
         let _ = writeln!(
             t,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{:.2}</td><td>{}</td><td>{retrans}</td><td>{}</td><td>{}</td></tr>",
+             <td>{:.2}{}</td><td>{}</td><td>{retrans}</td><td>{}</td><td>{}</td></tr>",
             i + 1,
             esc(&r.name),
             esc(v["mode"].as_str().unwrap_or("?")),
@@ -104,6 +104,10 @@ pub fn runs_table(runs: &[Run]) -> String {
             v["streams"].as_array().map(|s| s.len()).unwrap_or(0),
             esc(started),
             field(v, "seconds"),
+            v["requested_seconds"]
+                .as_f64()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default(),
             format_bps(field(v, "throughput_bps")),
             cpu("sender"),
             cpu("receiver"),

@@ -9,6 +9,8 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::{Condvar, Mutex};
 
+use crate::workers::{WaitList, Waker};
+
 use super::{CHUNK_SIZE, DIRECT_ALIGN};
 
 /// A heap buffer of `capacity` bytes aligned to [`DIRECT_ALIGN`], with a
@@ -57,6 +59,18 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The first `n` bytes, whatever the fill length (`n` <= capacity).
+    pub fn head(&self, n: usize) -> &[u8] {
+        assert!(n <= self.cap, "length beyond capacity");
+        // SAFETY: ptr is valid for cap >= n initialized (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), n) }
+    }
+
+    /// Start of the allocation (for IO the kernel does on our behalf).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
     /// The whole capacity, to fill.
     pub fn as_mut_full(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for cap initialized bytes, uniquely borrowed.
@@ -72,12 +86,23 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// A fixed set of chunk-sized buffers. `get` blocks while all are in use;
-/// `close` wakes every waiter with `None` so a failed pipeline unwinds.
+/// A fixed set of chunk-sized buffers. `get` blocks while all are in use
+/// (IO threads); `take` never blocks and wakes the data worker's stream
+/// when a buffer comes back; `close` wakes every waiter with `None` so a
+/// failed pipeline unwinds.
 pub struct BufferPool {
     state: Mutex<(Vec<AlignedBuf>, bool)>,
     ready: Condvar,
+    waiting: WaitList,
     total: usize,
+}
+
+/// What [`BufferPool::take`] got.
+pub enum Take {
+    Buf(AlignedBuf),
+    /// None free: the waker runs when one is put back.
+    Later,
+    Closed,
 }
 
 impl BufferPool {
@@ -89,6 +114,7 @@ impl BufferPool {
         BufferPool {
             state: Mutex::new((bufs, false)),
             ready: Condvar::new(),
+            waiting: WaitList::default(),
             total: count,
         }
     }
@@ -112,16 +138,39 @@ impl BufferPool {
         }
     }
 
+    /// A buffer if one is free; otherwise `waker` runs when one is put back.
+    pub fn take(&self, waker: &Waker) -> Take {
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.1 {
+                return Take::Closed;
+            }
+            if let Some(mut b) = st.0.pop() {
+                b.set_len(0);
+                return Take::Buf(b);
+            }
+            // Registered under the lock: a put after it wakes us.
+            self.waiting.add(waker);
+        }
+        Take::Later
+    }
+
     pub fn put(&self, buf: AlignedBuf) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.0.push(buf);
-        self.ready.notify_one();
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.0.push(buf);
+            self.ready.notify_one();
+        }
+        self.waiting.wake_one();
     }
 
     pub fn close(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.1 = true;
-        self.ready.notify_all();
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.1 = true;
+            self.ready.notify_all();
+        }
+        self.waiting.wake_all();
     }
 }
 

@@ -16,10 +16,13 @@
 //!   decides, per manifest entry, what the receiver already has.
 //! - [`wire`] holds the manifest/plan/report messages (carried on the control
 //!   connection) and the block frames (carried on any data connection).
-//! - [`reader`] is the sender pipeline: reader workers per device feed one
-//!   bounded queue that every data stream drains.
-//! - [`writer`] is the receiver pipeline: data streams parse frames and hand
-//!   blocks to the writer workers of the file's device.
+//! - [`ioqueue`] keeps reads and writes in flight at a queue depth (io_uring, or
+//!   a few threads where io_uring is unavailable).
+//! - [`reader`] is the sender pipeline: reader threads per device feed one
+//!   bounded queue that every data stream drains, hashing as it sends.
+//! - [`writer`] is the receiver pipeline: data streams parse frames,
+//!   hashing as they receive, and hand blocks to the writer threads of the
+//!   file's device.
 //! - [`source`] ties walk, devices and reader together for the client.
 //! - [`plane`] puts both pipelines behind the engine's session: the
 //!   manifest/plan exchange and the `DataPlane`s.
@@ -31,6 +34,7 @@ pub mod buffer;
 pub mod checksum;
 pub mod claims;
 pub mod devices;
+pub mod ioqueue;
 pub mod partial;
 pub mod plane;
 pub mod reader;

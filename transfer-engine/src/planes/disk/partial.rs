@@ -80,9 +80,14 @@ impl PartState {
     }
 }
 
+/// The temporary name a sidecar is written under before its rename.
+fn state_tmp_name(name: &str) -> String {
+    format!("{}.tmp", state_name(name))
+}
+
 /// Write the sidecar of `name` atomically (temp + rename).
 pub fn save_state(dir: &Dir, name: &str, st: &PartState) -> io::Result<()> {
-    let tmp = format!("{}.tmp", state_name(name));
+    let tmp = state_tmp_name(name);
     let mut f = dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
     f.write_all(
         serde_json::to_string(st)
@@ -101,10 +106,17 @@ pub fn load_state(dir: &Dir, name: &str) -> Option<PartState> {
     serde_json::from_str(&text).ok()
 }
 
+/// Remove the sidecar of `name`, and the half-written one a run killed in
+/// the middle of a save leaves behind.
+pub fn remove_state(dir: &Dir, name: &str) -> io::Result<()> {
+    dir.unlink(&state_tmp_name(name))?;
+    dir.unlink(&state_name(name))
+}
+
 /// Remove the temporary file and sidecar of `name`.
 pub fn discard(dir: &Dir, name: &str) -> io::Result<()> {
     dir.unlink(&part_name(name))?;
-    dir.unlink(&state_name(name))
+    remove_state(dir, name)
 }
 
 /// What the receiver has of one file.
@@ -262,8 +274,12 @@ mod tests {
             what_we_have(&dir, "f", &with_sum).unwrap(),
             Have::Complete { by_checksum: true }
         );
+        // A run killed while it saved the sidecar left its temporary file.
+        std::fs::write(base.join(state_tmp_name("f")), b"{").unwrap();
         discard(&dir, "f").unwrap();
         assert!(!base.join(part_name("f")).exists());
+        assert!(!base.join(state_name("f")).exists());
+        assert!(!base.join(state_tmp_name("f")).exists());
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

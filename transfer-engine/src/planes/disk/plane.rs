@@ -2,7 +2,12 @@
 //! connection and the [`DataPlane`]s that put the reader and writer
 //! pipelines behind the engine's stream workers.
 //!
-//! Exchange (between `SessionRequest` and `SessionAccepted`):
+//! The files go one way in a session, and the end that has them is the
+//! [`SenderPlane`], the end that writes them the [`ReceiverPlane`]. A push
+//! (`longhaul send PATH...`) has the sender on the client; a pull
+//! (`longhaul get PATH...`) has it on the server, which reads the PATHs
+//! beneath its `--root`. Push exchange (between `SessionRequest` and
+//! `SessionAccepted`):
 //!
 //! ```text
 //! client                                         server
@@ -12,15 +17,18 @@
 //!                                   <-  SessionAccepted
 //! ```
 //!
+//! A pull is the same exchange the other way round: the client asks with
+//! [`PullParams`] (direction `receive`), the server walks the PATHs and
+//! answers `ModeData {disk: offer}` and the manifest, the client plans it
+//! against its local `--dest` and answers the plan, then `SessionAccepted`.
+//!
 //! Both lists are cut into messages of at most [`MESSAGE_BUDGET`] bytes, so
 //! a tree of any size fits through the 1 MiB control frame limit. Each end's
 //! `Done` carries its summary (sender: its failures and read counters;
 //! receiver: verified files, failures, written counters); the client merges
 //! them with [`final_fields`] and fails with [`check`].
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -28,17 +36,18 @@ use serde_json::{json, Value};
 
 use crate::connection::Connection;
 use crate::datapath::{
-    DataPlane, DeviceCounters, ModeReport, PlaneProgress, SendBudget, Sink, Source,
+    DataPlane, DeviceCounters, ModeReport, PlaneProgress, Progress, SendBudget, Sink, Source,
+    StreamIo,
 };
 use crate::error::{Error, Result};
 use crate::messages::{Direction, Message, SessionRequest};
 
 use super::claims::Claimant;
 use super::devices::DeviceGroup;
-use super::reader::SendPipeline;
+use super::reader::{Feed, SendPipeline};
 use super::source::SourceSet;
 use super::wire::{DiskReport, FileFailure, Manifest, ManifestEntry, Plan};
-use super::writer::ReceivePipeline;
+use super::writer::{Intake, ReceivePipeline};
 use super::{DiskError, DiskOptions, CHUNK_SIZE};
 
 /// Target size of one ModeData message: half the control frame limit, so
@@ -72,12 +81,36 @@ pub struct DiskParams {
     pub checksum: bool,
 }
 
+/// `SessionRequest::mode_params` of a pull: a disk session in direction
+/// `receive`, the server sending.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PullParams {
+    /// What to send, relative to the server's `--root`; each lands under
+    /// its last component, like `send`'s PATHs.
+    pub paths: Vec<String>,
+    /// `--checksum`: the server hashes every file before the session so the
+    /// client compares what it already has by content.
+    pub checksum: bool,
+    pub io_workers_per_device: u32,
+    pub direct: bool,
+}
+
 /// Disk-mode control messages, carried as `ModeData`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "disk", rename_all = "snake_case")]
 pub enum DiskMessage {
-    Manifest { entries: Vec<ManifestEntry> },
-    Plan { plan: Plan, last: bool },
+    /// Pull: the server's manifest follows, this many entries.
+    Offer {
+        entries: u64,
+        chunk_size: u64,
+    },
+    Manifest {
+        entries: Vec<ManifestEntry>,
+    },
+    Plan {
+        plan: Plan,
+        last: bool,
+    },
 }
 
 /// The library error for a file-level failure.
@@ -122,11 +155,12 @@ fn json_len<T: Serialize>(v: &T) -> usize {
         .unwrap_or(MESSAGE_BUDGET)
 }
 
-// ---------------------------------------------------------------- client
+// ---------------------------------------------------------------- sender
 
-/// The client's disk plane: built from `PATH...` before the handshake,
-/// started once the server's plan arrives.
-pub struct ClientPlane {
+/// The end that has the files: built from its PATHs before the exchange,
+/// started once the receiver's plan arrives. The client of a push, the
+/// server of a pull.
+pub struct SenderPlane {
     params: DiskParams,
     opts: DiskOptions,
     source: Mutex<Option<SourceSet>>,
@@ -136,28 +170,38 @@ pub struct ClientPlane {
     plan_counts: Mutex<(u64, u64)>,
 }
 
-impl ClientPlane {
-    /// Walk `paths` for `--dest dest`; prints what the walk skipped.
-    pub fn new(
+impl SenderPlane {
+    /// Push: walk `paths` for `--dest dest`; prints what the walk skipped.
+    pub fn push(
         req: &SessionRequest,
         paths: &[PathBuf],
         dest: &str,
         opts: &DiskOptions,
-    ) -> Result<ClientPlane> {
+    ) -> Result<SenderPlane> {
         if req.direction != Direction::Send {
             return Err(Error::Usage(
-                "disk mode sends from client to server: --reverse/--bidir do not apply".into(),
+                "sending files goes client to server: --reverse/--bidir do not apply (longhaul get pulls files from the server)".into(),
             ));
         }
-        let mut opts = opts.clone();
-        opts.streams = req.streams as usize;
-        let src = SourceSet::build(paths, dest, &opts).map_err(|e| match e {
+        let plane = SenderPlane::walk(req, paths, dest, opts).map_err(|e| match e {
             DiskError::Refused { .. } => Error::Usage(e.to_string()),
             other => to_error(other),
         })?;
-        for w in &src.warnings {
+        for w in plane.warnings() {
             eprintln!("longhaul: {w}");
         }
+        Ok(plane)
+    }
+
+    fn walk(
+        req: &SessionRequest,
+        paths: &[PathBuf],
+        dest: &str,
+        opts: &DiskOptions,
+    ) -> Result<SenderPlane, DiskError> {
+        let mut opts = opts.clone();
+        opts.streams = req.streams as usize;
+        let src = SourceSet::build(paths, dest, &opts)?;
         let params = DiskParams {
             dest: dest.to_string(),
             resume: opts.resume,
@@ -167,7 +211,7 @@ impl ClientPlane {
             chunk_size: CHUNK_SIZE,
             checksum: opts.checksum,
         };
-        Ok(ClientPlane {
+        Ok(SenderPlane {
             params,
             groups: src.groups().to_vec(),
             opts,
@@ -178,58 +222,38 @@ impl ClientPlane {
         })
     }
 
+    fn warnings(&self) -> Vec<String> {
+        lock(&self.source)
+            .as_ref()
+            .map(|s| s.warnings.clone())
+            .unwrap_or_default()
+    }
+
     /// For `SessionRequest::mode_params`.
     pub fn params(&self) -> Value {
         serde_json::to_value(&self.params).unwrap_or(Value::Null)
     }
 
-    /// Send the manifest, read the plan, start the readers.
-    pub fn negotiate(&self, conn: &mut Connection) -> Result<()> {
-        let src = self
-            .source
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    /// Send the manifest (a pull announces it with an `Offer` first), read
+    /// the plan, start the readers.
+    pub fn negotiate(&self, conn: &mut Connection, announce: bool) -> Result<()> {
+        let src = lock(&self.source)
             .take()
             .ok_or_else(|| Error::Protocol("disk negotiation ran twice".into()))?;
-        let mut batch = Vec::new();
-        let mut size = 0;
-        for e in &src.manifest.entries {
-            let n = json_len(e);
-            if size + n > MESSAGE_BUDGET && !batch.is_empty() {
-                send_mode(
-                    conn,
-                    &DiskMessage::Manifest {
-                        entries: std::mem::take(&mut batch),
-                    },
-                )?;
-                size = 0;
-            }
-            batch.push(e.clone());
-            size += n;
+        if announce {
+            send_mode(
+                conn,
+                &DiskMessage::Offer {
+                    entries: src.manifest.entries.len() as u64,
+                    chunk_size: CHUNK_SIZE,
+                },
+            )?;
         }
-        if !batch.is_empty() {
-            send_mode(conn, &DiskMessage::Manifest { entries: batch })?;
-        }
-        let mut plan = Plan::default();
-        loop {
-            match recv_mode(conn)? {
-                DiskMessage::Plan { plan: p, last } => {
-                    plan.skip.extend(p.skip);
-                    plan.resume.extend(p.resume);
-                    plan.refused.extend(p.refused);
-                    if last {
-                        break;
-                    }
-                }
-                DiskMessage::Manifest { .. } => {
-                    return Err(Error::Protocol("the server sent a manifest".into()))
-                }
-            }
-        }
-        *self.plan_counts.lock().unwrap_or_else(|e| e.into_inner()) =
-            (plan.skip.len() as u64, plan.resume.len() as u64);
+        send_manifest(conn, &src.manifest.entries)?;
+        let plan = recv_plan(conn)?;
+        *lock(&self.plan_counts) = (plan.skip.len() as u64, plan.resume.len() as u64);
         let (pipeline, refused) = src.start(&plan, &self.opts);
-        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = refused;
+        *lock(&self.refused) = refused;
         let _ = self.pipeline.set(pipeline);
         Ok(())
     }
@@ -239,50 +263,106 @@ impl ClientPlane {
     }
 }
 
-struct DiskSource {
-    pipeline: Arc<SendPipeline>,
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The manifest's entries in messages of at most [`MESSAGE_BUDGET`].
+fn send_manifest(conn: &mut Connection, entries: &[ManifestEntry]) -> Result<()> {
+    let mut batch = Vec::new();
+    let mut size = 0;
+    for e in entries {
+        let n = json_len(e);
+        if size + n > MESSAGE_BUDGET && !batch.is_empty() {
+            send_mode(
+                conn,
+                &DiskMessage::Manifest {
+                    entries: std::mem::take(&mut batch),
+                },
+            )?;
+            size = 0;
+        }
+        batch.push(e.clone());
+        size += n;
+    }
+    if !batch.is_empty() {
+        send_mode(conn, &DiskMessage::Manifest { entries: batch })?;
+    }
+    Ok(())
+}
+
+/// Exactly `count` manifest entries, however many messages carry them.
+fn recv_manifest(conn: &mut Connection, count: u64) -> Result<Vec<ManifestEntry>> {
+    if count > MAX_MANIFEST_ENTRIES {
+        return Err(Error::Unsupported(format!(
+            "{count} entries in one session; at most {MAX_MANIFEST_ENTRIES} are taken"
+        )));
+    }
+    let mut entries = Vec::with_capacity(count as usize);
+    while (entries.len() as u64) < count {
+        match recv_mode(conn)? {
+            DiskMessage::Manifest { entries: e } => entries.extend(e),
+            other => {
+                return Err(Error::Protocol(format!(
+                    "expected manifest entries, got {other:?}"
+                )))
+            }
+        }
+        if entries.len() as u64 > count {
+            return Err(Error::Protocol(
+                "more manifest entries than announced".into(),
+            ));
+        }
+    }
+    Ok(entries)
+}
+
+/// The receiver's whole plan, however many messages carry it.
+fn recv_plan(conn: &mut Connection) -> Result<Plan> {
+    let mut plan = Plan::default();
+    loop {
+        match recv_mode(conn)? {
+            DiskMessage::Plan { plan: p, last } => {
+                plan.skip.extend(p.skip);
+                plan.resume.extend(p.resume);
+                plan.refused.extend(p.refused);
+                if last {
+                    return Ok(plan);
+                }
+            }
+            _ => return Err(Error::Protocol("expected the receiver's plan".into())),
+        }
+    }
+}
+
+/// A sending stream of a disk session: frames from the reader pipeline.
+pub(super) struct DiskSource {
+    pub(super) feed: Feed,
 }
 
 impl Source for DiskSource {
-    fn pump(
-        &mut self,
-        sock: &TcpStream,
-        budget: &SendBudget,
-        counter: &std::sync::atomic::AtomicU64,
-    ) -> Result<u64> {
-        let mut w = sock;
-        let pacer = budget.pacer.clone();
-        let pace = move |n: usize| {
-            if let Some(p) = &pacer {
-                p.acquire(n);
-            }
-        };
-        self.pipeline
-            .pump(
-                &mut w,
-                &pace,
-                &|n| {
-                    counter.fetch_add(n, Ordering::Relaxed);
-                },
-                &budget.stop,
-            )
+    fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> Result<Progress> {
+        self.feed
+            .send(io, budget)
             .map_err(|e| Error::io("sending file blocks", e))
     }
 }
 
-impl DataPlane for ClientPlane {
+impl DataPlane for SenderPlane {
     fn source(&self, _stream_id: u32) -> Result<Box<dyn Source>> {
         let pipeline = self
             .pipeline
             .get()
             .cloned()
             .ok_or_else(|| Error::Protocol("disk plan not received".into()))?;
-        Ok(Box::new(DiskSource { pipeline }))
+        Ok(Box::new(DiskSource {
+            feed: Feed::new(pipeline),
+        }))
     }
 
     fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
         Err(Error::Unsupported(
-            "disk mode: the client only sends".into(),
+            "disk mode: the end with the files only sends".into(),
         ))
     }
 
@@ -290,25 +370,21 @@ impl DataPlane for ClientPlane {
         Some(self.params())
     }
 
+    /// Push client: the manifest count travels in the parameters.
     fn negotiate(&self, conn: &mut Connection) -> Result<()> {
-        ClientPlane::negotiate(self, conn)
+        SenderPlane::negotiate(self, conn, false)
     }
 
     fn devices(&self) -> Vec<Arc<dyn DeviceCounters>> {
         counters(&self.groups)
     }
 
+    /// `local` is the sender's summary.
     fn report(&self, local: Option<&Value>, remote: Option<&Value>) -> ModeReport {
-        let (files, devices) = final_fields(local, remote);
-        ModeReport {
-            human: human_lines(&files, &devices),
-            files: Some(files),
-            devices: Some(devices),
-            ..ModeReport::default()
-        }
+        mode_report(local, remote)
     }
 
-    /// The client sends: `local` is the sender's summary.
+    /// `local` is the sender's summary.
     fn check(&self, local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
         check(local, remote)
     }
@@ -328,15 +404,11 @@ impl DataPlane for ClientPlane {
     }
 
     fn summary(&self) -> Result<Option<Value>> {
-        let mut failures = self
-            .refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut failures = lock(&self.refused).clone();
         if let Some(p) = self.pipeline.get() {
             failures.extend(p.finish());
         }
-        let (skipped, resumed) = *self.plan_counts.lock().unwrap_or_else(|e| e.into_inner());
+        let (skipped, resumed) = *lock(&self.plan_counts);
         Ok(Some(json!({
             "sender": {
                 "entries": self.params.entries,
@@ -350,64 +422,142 @@ impl DataPlane for ClientPlane {
     }
 }
 
-// ---------------------------------------------------------------- server
+// ---------------------------------------------------------------- receiver
 
-/// The server's disk plane: the writer pipeline for one session.
-pub struct ServerPlane {
-    pipeline: Arc<ReceivePipeline>,
+/// The end that writes the files: the server of a push (beneath `--root`),
+/// the client of a pull (beneath its local `--dest`, once the server's
+/// manifest is in).
+pub struct ReceiverPlane {
+    pipeline: OnceLock<Arc<ReceivePipeline>>,
+    /// Pull client: where the files land and how, for [`Self::negotiate`].
+    pull: Option<(PullParams, PathBuf, DiskOptions)>,
+    /// The server names failed files in its log.
+    log_failures: bool,
 }
 
-impl ServerPlane {
+impl ReceiverPlane {
     pub fn groups(&self) -> &[Arc<DeviceGroup>] {
-        self.pipeline.groups()
+        self.pipeline.get().map(|p| p.groups()).unwrap_or(&[])
+    }
+
+    /// Pull client: `paths` (beneath the server's `--root`) into the local
+    /// directory `dest` (made if missing).
+    pub fn pull(
+        req: &SessionRequest,
+        paths: &[String],
+        dest: &Path,
+        opts: &DiskOptions,
+    ) -> Result<ReceiverPlane> {
+        if req.direction != Direction::Receive {
+            return Err(Error::Usage(
+                "pulling files goes server to client: --bidir does not apply".into(),
+            ));
+        }
+        if paths.is_empty() {
+            return Err(Error::Usage(
+                "nothing to pull: give PATHs or --file-list".into(),
+            ));
+        }
+        for p in paths {
+            super::safepath::components(p).map_err(|e| Error::Usage(e.to_string()))?;
+        }
+        std::fs::create_dir_all(dest)
+            .map_err(|e| Error::io(format!("creating {}", dest.display()), e))?;
+        let params = PullParams {
+            paths: paths.to_vec(),
+            checksum: opts.checksum,
+            io_workers_per_device: opts.io_workers_per_device as u32,
+            direct: opts.direct,
+        };
+        if json_len(&params) > MESSAGE_BUDGET {
+            return Err(Error::Usage(format!(
+                "{} paths are too many for one pull request ({} KiB at most); split the list",
+                paths.len(),
+                MESSAGE_BUDGET >> 10
+            )));
+        }
+        let mut opts = opts.clone();
+        opts.streams = req.streams as usize;
+        Ok(ReceiverPlane {
+            pipeline: OnceLock::new(),
+            pull: Some((params, dest.to_path_buf(), opts)),
+            log_failures: false,
+        })
+    }
+
+    /// Pull client: read the server's manifest, plan it locally, answer.
+    fn negotiate_pull(&self, conn: &mut Connection) -> Result<()> {
+        let Some((_, dest, opts)) = &self.pull else {
+            return Ok(());
+        };
+        let (count, chunk_size) = match recv_mode(conn)? {
+            DiskMessage::Offer {
+                entries,
+                chunk_size,
+            } => (entries, chunk_size),
+            _ => return Err(Error::Protocol("expected the server's offer".into())),
+        };
+        let manifest = Manifest {
+            dest: String::new(),
+            resume: opts.resume,
+            chunk_size,
+            entries: recv_manifest(conn, count)?,
+        };
+        let (pipeline, plan) =
+            ReceivePipeline::prepare(dest, &manifest, opts, None).map_err(to_error)?;
+        send_plan(conn, plan)?;
+        let _ = self.pipeline.set(pipeline);
+        Ok(())
+    }
+
+    fn pipeline(&self) -> Result<&Arc<ReceivePipeline>> {
+        self.pipeline
+            .get()
+            .ok_or_else(|| Error::Protocol("disk manifest not received".into()))
     }
 }
 
-/// Read the manifest, plan it beneath `root`, answer with the plan.
+/// The server's disk plane for a requested session: the receiver of a
+/// push, the sender of a pull.
 pub fn server_plane(
     req: &SessionRequest,
     root: Option<&Path>,
     conn: &mut Connection,
     claimant: &Claimant,
-) -> Result<Arc<ServerPlane>> {
+) -> Result<Arc<dyn DataPlane>> {
     let Some(root) = root else {
         return Err(Error::Unsupported(
             "this server has no --root: disk mode is off".into(),
         ));
     };
-    if req.direction != Direction::Send {
-        return Err(Error::Unsupported(
-            "disk mode: the client sends, the server receives".into(),
-        ));
+    match req.direction {
+        Direction::Send => Ok(Arc::new(receive_push(req, root, conn, claimant)?)),
+        Direction::Receive => Ok(Arc::new(serve_pull(req, root, conn)?)),
+        Direction::Bidir => Err(Error::Unsupported(
+            "disk mode moves files one way: push (send) or pull (get), not both".into(),
+        )),
     }
-    let params: DiskParams = req
-        .mode_params
+}
+
+fn decode_params<T: serde::de::DeserializeOwned>(req: &SessionRequest) -> Result<T> {
+    req.mode_params
         .clone()
         .ok_or_else(|| Error::Protocol("disk session without parameters".into()))
         .and_then(|v| {
             serde_json::from_value(v)
                 .map_err(|e| Error::Protocol(format!("bad disk parameters: {e}")))
-        })?;
-    if params.entries > MAX_MANIFEST_ENTRIES {
-        return Err(Error::Unsupported(format!(
-            "{} entries in one session; this server takes at most {MAX_MANIFEST_ENTRIES}",
-            params.entries
-        )));
-    }
-    let mut entries = Vec::with_capacity(params.entries as usize);
-    while (entries.len() as u64) < params.entries {
-        match recv_mode(conn)? {
-            DiskMessage::Manifest { entries: e } => entries.extend(e),
-            DiskMessage::Plan { .. } => {
-                return Err(Error::Protocol("the client sent a plan".into()))
-            }
-        }
-        if entries.len() as u64 > params.entries {
-            return Err(Error::Protocol(
-                "more manifest entries than announced".into(),
-            ));
-        }
-    }
+        })
+}
+
+/// Push: read the manifest, plan it beneath `root`, answer with the plan.
+fn receive_push(
+    req: &SessionRequest,
+    root: &Path,
+    conn: &mut Connection,
+    claimant: &Claimant,
+) -> Result<ReceiverPlane> {
+    let params: DiskParams = decode_params(req)?;
+    let entries = recv_manifest(conn, params.entries)?;
     let opts = DiskOptions {
         io_workers_per_device: params
             .io_workers_per_device
@@ -426,7 +576,41 @@ pub fn server_plane(
     let (pipeline, plan) =
         ReceivePipeline::prepare(root, &manifest, &opts, Some(claimant)).map_err(to_error)?;
     send_plan(conn, plan)?;
-    Ok(Arc::new(ServerPlane { pipeline }))
+    let plane = ReceiverPlane {
+        pipeline: OnceLock::new(),
+        pull: None,
+        log_failures: true,
+    };
+    let _ = plane.pipeline.set(pipeline);
+    Ok(plane)
+}
+
+/// Pull: resolve the asked paths beneath `root` (refusing any that leaves
+/// it), walk them, offer the manifest and start reading what the client's
+/// plan still needs.
+fn serve_pull(req: &SessionRequest, root: &Path, conn: &mut Connection) -> Result<SenderPlane> {
+    let params: PullParams = decode_params(req)?;
+    let refused = |e: DiskError| match e {
+        DiskError::Refused { .. } => Error::Refused(e.to_string()),
+        other => to_error(other),
+    };
+    let paths = super::safepath::resolve_existing(root, &params.paths).map_err(refused)?;
+    let opts = DiskOptions {
+        io_workers_per_device: params
+            .io_workers_per_device
+            .clamp(1, MAX_IO_WORKERS_PER_DEVICE) as usize,
+        direct: params.direct,
+        checksum: params.checksum,
+        // The served tree's symlinks are never followed out of the root.
+        follow_symlinks: false,
+        ..DiskOptions::default()
+    };
+    let plane = SenderPlane::walk(req, &paths, "", &opts).map_err(refused)?;
+    for w in plane.warnings() {
+        crate::logline::server(format!("pull: {w}"));
+    }
+    plane.negotiate(conn, true)?;
+    Ok(plane)
 }
 
 fn send_plan(conn: &mut Connection, plan: Plan) -> Result<()> {
@@ -469,42 +653,53 @@ fn send_plan(conn: &mut Connection, plan: Plan) -> Result<()> {
     flush(conn, &mut part, true)
 }
 
-struct DiskSink {
-    pipeline: Arc<ReceivePipeline>,
+/// A receiving stream of a disk session: frames into the writer pipeline.
+pub(super) struct DiskSink {
+    pub(super) intake: Intake,
 }
 
 impl Sink for DiskSink {
-    fn drain(&mut self, sock: &TcpStream, counter: &std::sync::atomic::AtomicU64) -> Result<u64> {
-        let mut r = sock;
-        self.pipeline
-            .drain(&mut r, &|n| {
-                counter.fetch_add(n, Ordering::Relaxed);
-            })
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => Error::Protocol(e.to_string()),
-                _ => Error::io("receiving file blocks", e),
-            })
+    fn receive(&mut self, io: &StreamIo<'_>) -> Result<Progress> {
+        self.intake.receive(io).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => Error::Protocol(e.to_string()),
+            _ => Error::io("receiving file blocks", e),
+        })
     }
 }
 
-impl DataPlane for ServerPlane {
+impl DataPlane for ReceiverPlane {
     fn source(&self, _stream_id: u32) -> Result<Box<dyn Source>> {
         Err(Error::Unsupported(
-            "disk mode: the server only receives".into(),
+            "disk mode: the end that writes the files only receives".into(),
         ))
     }
 
     fn sink(&self, _stream_id: u32) -> Result<Box<dyn Sink>> {
         Ok(Box::new(DiskSink {
-            pipeline: self.pipeline.clone(),
+            intake: Intake::new(self.pipeline()?.clone()),
         }))
     }
 
-    fn devices(&self) -> Vec<Arc<dyn DeviceCounters>> {
-        counters(self.pipeline.groups())
+    fn mode_params(&self) -> Option<Value> {
+        self.pull
+            .as_ref()
+            .and_then(|(params, _, _)| serde_json::to_value(params).ok())
     }
 
-    /// The server receives: the peer's summary is the sender's.
+    fn negotiate(&self, conn: &mut Connection) -> Result<()> {
+        self.negotiate_pull(conn)
+    }
+
+    fn devices(&self) -> Vec<Arc<dyn DeviceCounters>> {
+        counters(self.groups())
+    }
+
+    /// The peer's summary is the sender's.
+    fn report(&self, local: Option<&Value>, remote: Option<&Value>) -> ModeReport {
+        mode_report(remote, local)
+    }
+
+    /// The peer's summary is the sender's.
     fn check(&self, local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
         check(remote, local)
     }
@@ -514,16 +709,30 @@ impl DataPlane for ServerPlane {
     }
 
     fn summary(&self) -> Result<Option<Value>> {
-        let report = self.pipeline.finish();
-        // The operator sees failed files in the server log too.
-        for f in report.failures.iter().take(LOGGED_FAILURES) {
-            crate::logline::server(format!("disk: {}", f.error));
-        }
-        if report.failures.len() > LOGGED_FAILURES {
-            let more = report.failures.len() - LOGGED_FAILURES;
-            crate::logline::server(format!("disk: ... and {more} more failed files"));
+        let report = self.pipeline()?.finish();
+        if self.log_failures {
+            // The operator sees failed files in the server log too.
+            for f in report.failures.iter().take(LOGGED_FAILURES) {
+                crate::logline::server(format!("disk: {}", f.error));
+            }
+            if report.failures.len() > LOGGED_FAILURES {
+                let more = report.failures.len() - LOGGED_FAILURES;
+                crate::logline::server(format!("disk: ... and {more} more failed files"));
+            }
         }
         Ok(Some(json!({ "receiver": report })))
+    }
+}
+
+/// The client's fields of the final report, from the sender's summary and
+/// the receiver's, whichever end each is.
+fn mode_report(sender: Option<&Value>, receiver: Option<&Value>) -> ModeReport {
+    let (files, devices) = final_fields(sender, receiver);
+    ModeReport {
+        human: human_lines(&files, &devices),
+        files: Some(files),
+        devices: Some(devices),
+        ..ModeReport::default()
     }
 }
 
@@ -555,7 +764,7 @@ pub fn all_failures(local: Option<&Value>, remote: Option<&Value>) -> Vec<FileFa
 }
 
 /// The `files` and `devices` fields of the client's final JSON, from the
-/// client's own summary (`local`) and the server's (`remote`).
+/// sender's summary (`local`) and the receiver's (`remote`).
 pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Value) {
     let report: DiskReport = remote
         .and_then(|v| v.get("receiver"))

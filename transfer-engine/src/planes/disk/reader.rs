@@ -1,36 +1,47 @@
-//! The sender pipeline: reader workers per device feed one bounded block
-//! queue that every data stream drains.
+//! The sender pipeline: reader threads per device read files at a queue
+//! depth into one bounded block queue, and every data stream (a task of
+//! the data workers) takes blocks from it, hashes each chunk right before
+//! it sends it, and writes the frames.
 //!
-//! Files are dealt round-robin to the `--io-workers-per-device` workers of
-//! their device group, so each device is read by its own threads and two
-//! controllers are driven in parallel. A worker reads its files one after
-//! another, chunk by chunk, with [`READ_DEPTH`] chunk reads in flight on
-//! helper threads (forwarded in file order), hashing as it goes; holes of sparse files
-//! (SEEK_DATA) become `Hole` frames with no payload. A resumed file's prefix
-//! is read and hashed but not sent. A file that vanishes, cannot be opened or
-//! changes size/mtime while being read becomes a `Fail` frame and a
-//! [`FileFailure`]; the other files go on.
+//! Files are dealt round-robin to the `--io-workers-per-device` readers of
+//! their device group, so each device is read by its own thread and two
+//! controllers are driven in parallel. A reader keeps [`READ_DEPTH`] chunk
+//! reads in flight ([`super::ioqueue`]: io_uring, or a few threads), across file
+//! boundaries, so the device is never idle between small files; blocks
+//! enter the queue as their reads complete, in any order (frames carry
+//! their offset). Holes of sparse files (SEEK_DATA) become `Hole` frames
+//! with no payload. A resumed file's prefix is read and hashed but not
+//! sent. A file that vanishes, cannot be opened or changes size/mtime while
+//! being read becomes a `Fail` frame and a [`FileFailure`]; the other files
+//! go on.
+//!
+//! The file checksum is folded from chunk hashes in file order
+//! ([`OrderedDigest`]): the streams deposit the hash of each chunk they
+//! send (the hash reads the chunk into the cache the send then copies it
+//! from: one pass over the data), and whoever completes a file whose reads
+//! all ended, reader or stream, queues its `End` frame.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::buffer::{AlignedBuf, BufferPool};
 use super::checksum::{
-    chunk_count, chunk_hash, chunk_len, hash_prefix, next_data, read_full_at, zero_chunk_hash,
-    FileDigest,
+    chunk_count, chunk_hash, chunk_len, hash_prefix, next_data, FileDigest, OrderedDigest,
 };
 use super::devices::DeviceGroup;
-use super::wire::{write_frame, FileFailure, FrameHeader, FrameKind};
+use super::ioqueue::{Backend, IoQueue, Op};
+use super::wire::{FileFailure, FrameHeader, FrameKind, FrameOut, Wrote};
 use super::{DiskError, DiskOptions, CHUNK_SIZE};
+use crate::datapath::{Grant, Progress, SendBudget, StreamIo};
+use crate::workers::{WaitList, Waker};
 
 /// One file to read.
 #[derive(Debug, Clone)]
@@ -70,23 +81,41 @@ pub enum Block {
     },
 }
 
-/// What a reader worker hands its hashing stage: blocks in file order, each
-/// file opened by `Begin`. The hasher folds chunk hashes into the file's
-/// digest, fills in the `End` checksum and forwards every block to the
-/// streams' queue, so the reader thread only ever waits for IO.
-enum Stage {
-    Begin { size: u64, digest: Box<FileDigest> },
+/// What a stream gets from the queue.
+pub enum Next {
     Block(Block),
+    /// Nothing yet; the stream's waker runs when a block arrives.
+    Later,
+    /// Every reader is done and the queue is empty.
+    Finished,
+}
+
+struct Queue {
+    blocks: VecDeque<Block>,
+    readers_left: usize,
+}
+
+/// A file being sent: its checksum so far (chunk hashes arrive from the
+/// streams in any order) and whether all its reads ended.
+struct Sending {
+    digest: OrderedDigest,
+    read: bool,
 }
 
 /// The running sender pipeline; share it (Arc) with every data stream.
 pub struct SendPipeline {
-    queue: Mutex<Receiver<Block>>,
+    queue: Mutex<Queue>,
+    /// Readers wait here while the queue is full.
+    space: Condvar,
+    /// Streams waiting for a block.
+    waiting: WaitList,
+    cap: usize,
+    sending: Mutex<HashMap<u32, Sending>>,
     pool: Arc<BufferPool>,
     groups: Vec<Arc<DeviceGroup>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
-    failures: Arc<Mutex<Vec<FileFailure>>>,
-    aborted: Arc<AtomicBool>,
+    failures: Mutex<Vec<FileFailure>>,
+    aborted: AtomicBool,
     /// Files and payload bytes this pipeline sends (resumed prefixes left
     /// out), and the files whose last frame went out.
     files_total: u64,
@@ -94,24 +123,13 @@ pub struct SendPipeline {
     files_sent: AtomicU64,
 }
 
-struct Ctx {
-    tx: SyncSender<Stage>,
-    pool: Arc<BufferPool>,
-    groups: Vec<Arc<DeviceGroup>>,
-    failures: Arc<Mutex<Vec<FileFailure>>>,
-    aborted: Arc<AtomicBool>,
-    direct: bool,
-    follow_symlinks: bool,
-}
-
 /// A stream with nothing to carry (readers hashing a long resumed prefix,
 /// a slow disk) sends a keep-alive this often, well inside the engine's
 /// 30 s data idle timeout.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// How long a stream waits on the shared queue before yielding it to the
-/// other streams (and checking whether a keep-alive is due).
-const QUEUE_POLL: Duration = Duration::from_millis(100);
+/// Reads each reader keeps in flight ([`super::ioqueue::DEPTH`]).
+pub const READ_DEPTH: usize = super::ioqueue::DEPTH;
 
 /// Warn once per process that O_DIRECT was refused.
 static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
@@ -148,7 +166,7 @@ pub fn open_source(path: &std::path::Path, direct: bool, follow: bool) -> io::Re
 }
 
 /// Pool size: two blocks per stream in flight plus, per IO worker, two
-/// queued and [`READ_DEPTH`] in flight, so neither side starves the other;
+/// queued and its IO depth in flight, so neither side starves the other;
 /// never grows.
 pub fn pool_buffers(streams: usize, workers: usize) -> usize {
     2 * streams + (2 + READ_DEPTH) * workers + 2
@@ -164,9 +182,6 @@ impl SendPipeline {
         let per_device = opts.io_workers_per_device.max(1);
         let workers = groups.len().max(1) * per_device;
         let pool = Arc::new(BufferPool::new(pool_buffers(opts.streams, workers)));
-        let (tx, rx) = sync_channel(pool.total());
-        let failures = Arc::new(Mutex::new(Vec::new()));
-        let aborted = Arc::new(AtomicBool::new(false));
         let files_total = items.len() as u64;
         let bytes_total = items.iter().map(|i| i.size - i.from.min(i.size)).sum();
         // Deal files round-robin to the workers of their device.
@@ -177,157 +192,166 @@ impl SendPipeline {
             dealt[it.group] += 1;
             lists[it.group * per_device + k].push(it);
         }
-        let mut handles = Vec::new();
-        for list in lists.into_iter().filter(|l| !l.is_empty()) {
-            // Two blocks between IO and hashing keep the disk busy while a
-            // chunk is hashed.
-            let (stage_tx, stage_rx) = sync_channel::<Stage>(2);
-            let queue = tx.clone();
-            let h = std::thread::Builder::new()
-                .name("lh-disk-hash".into())
-                .spawn(move || hash_stage(stage_rx, queue))
-                .expect("spawn hashing thread");
-            handles.push(h);
-            let ctx = Ctx {
-                tx: stage_tx,
-                pool: pool.clone(),
-                groups: groups.clone(),
-                failures: failures.clone(),
-                aborted: aborted.clone(),
-                direct: opts.direct,
-                follow_symlinks: opts.follow_symlinks,
-            };
-            let h = std::thread::Builder::new()
-                .name("lh-disk-read".into())
-                .spawn(move || read_worker(list, ctx))
-                .expect("spawn reader thread");
-            handles.push(h);
-        }
-        drop(tx);
-        Arc::new(SendPipeline {
-            queue: Mutex::new(rx),
+        let lists: Vec<Vec<SendItem>> = lists.into_iter().filter(|l| !l.is_empty()).collect();
+        let p = Arc::new(SendPipeline {
+            queue: Mutex::new(Queue {
+                blocks: VecDeque::new(),
+                readers_left: lists.len(),
+            }),
+            space: Condvar::new(),
+            waiting: WaitList::default(),
+            // Data blocks are bounded by the pool; this bounds the small
+            // ones (holes, ends, failures) of a tree of many empty files.
+            cap: pool.total() + 256,
+            sending: Mutex::new(HashMap::new()),
             pool,
             groups,
-            workers: Mutex::new(handles),
-            failures,
-            aborted,
+            workers: Mutex::new(Vec::new()),
+            failures: Mutex::new(Vec::new()),
+            aborted: AtomicBool::new(false),
             files_total,
             bytes_total,
             files_sent: AtomicU64::new(0),
-        })
-    }
-
-    /// Move blocks onto one data stream until the queue is drained, then
-    /// send `EndOfStream`. `pace` is called before each block is written
-    /// (rate limit), `progress` sees every payload byte written;
-    /// `stop` (the session failed) ends the stream with an error. Returns
-    /// the payload bytes this stream carried.
-    pub fn pump<W: Write>(
-        &self,
-        w: &mut W,
-        pace: &dyn Fn(usize),
-        progress: &dyn Fn(u64),
-        stop: &AtomicBool,
-    ) -> io::Result<u64> {
-        let mut sent = 0;
-        let mut last_write = Instant::now();
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                self.abort();
-                return Err(io::Error::other("session stopped"));
-            }
-            // Wait briefly with the queue locked, then let the other streams
-            // have it: every stream gets to send its keep-alive in time.
-            let next = self
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .recv_timeout(QUEUE_POLL);
-            let block = match next {
-                Ok(b) => b,
-                Err(RecvTimeoutError::Timeout) => {
-                    if last_write.elapsed() >= KEEPALIVE_INTERVAL {
-                        let keepalive = FrameHeader::new(FrameKind::KeepAlive, 0);
-                        if let Err(e) = write_frame(w, &keepalive, &[]) {
-                            self.abort();
-                            return Err(e);
-                        }
-                        last_write = Instant::now();
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
+        });
+        let backend = Backend::from_env();
+        let mut handles = Vec::new();
+        for list in lists {
+            let reader = Reader {
+                p: p.clone(),
+                io: IoQueue::new(READ_DEPTH, backend),
+                direct: opts.direct,
+                follow_symlinks: opts.follow_symlinks,
+                open: HashMap::new(),
             };
-            let r = match block {
-                Block::Data { file, offset, buf } => {
-                    pace(buf.len());
-                    let mut h = FrameHeader::new(FrameKind::Data, file);
-                    h.offset = offset;
-                    h.len = buf.len() as u32;
-                    let r = write_frame(w, &h, buf.as_slice());
-                    let n = buf.len() as u64;
-                    self.pool.put(buf);
-                    if r.is_ok() {
-                        sent += n;
-                        progress(n);
-                    }
-                    r
-                }
-                Block::Hole { file, offset, len } => {
-                    let mut h = FrameHeader::new(FrameKind::Hole, file);
-                    h.offset = offset;
-                    h.value = len;
-                    write_frame(w, &h, &[])
-                }
-                Block::End { file, checksum } => {
-                    let mut h = FrameHeader::new(FrameKind::End, file);
-                    h.value = checksum;
-                    let r = write_frame(w, &h, &[]);
-                    if r.is_ok() {
-                        self.files_sent.fetch_add(1, Ordering::Relaxed);
-                    }
-                    r
-                }
-                Block::Fail { file, message } => {
-                    let msg = &message.as_bytes()
-                        [..message.len().min(super::wire::MAX_FAIL_MESSAGE as usize)];
-                    let mut h = FrameHeader::new(FrameKind::Fail, file);
-                    h.len = msg.len() as u32;
-                    write_frame(w, &h, msg)
-                }
-            };
-            if let Err(e) = r {
-                self.abort();
-                return Err(e);
-            }
-            last_write = Instant::now();
+            let h = std::thread::Builder::new()
+                .name("lh-disk-read".into())
+                .spawn(move || reader.run(list))
+                .expect("spawn reader thread");
+            handles.push(h);
         }
-        write_frame(w, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])?;
-        w.flush()?;
-        Ok(sent)
+        *lock(&p.workers) = handles;
+        p
     }
 
-    /// Stop reading: workers finish their current block and exit.
+    /// The next block for a stream (see [`Next`]).
+    pub fn next(&self, waker: &Waker) -> Next {
+        let mut q = lock(&self.queue);
+        if let Some(b) = q.blocks.pop_front() {
+            drop(q);
+            self.space.notify_one();
+            return Next::Block(b);
+        }
+        if q.readers_left == 0 {
+            return Next::Finished;
+        }
+        // Registered under the queue's lock: a push after it wakes us.
+        self.waiting.add(waker);
+        Next::Later
+    }
+
+    /// Queues a block (readers; waits for room unless `urgent`). False once
+    /// the pipeline was aborted.
+    fn push(&self, b: Block, urgent: bool) -> bool {
+        let mut q = lock(&self.queue);
+        while !urgent && q.blocks.len() >= self.cap && !self.aborted.load(Ordering::Relaxed) {
+            q = self.space.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        if self.aborted.load(Ordering::Relaxed) {
+            return false;
+        }
+        if urgent {
+            q.blocks.push_front(b);
+        } else {
+            q.blocks.push_back(b);
+        }
+        drop(q);
+        self.waiting.wake_one();
+        true
+    }
+
+    fn reader_done(&self) {
+        let mut q = lock(&self.queue);
+        q.readers_left -= 1;
+        drop(q);
+        self.waiting.wake_all();
+    }
+
+    /// A stream hashed chunk `index` of `file`: fold it in, and queue the
+    /// file's `End` if that completed it.
+    fn deposit(&self, file: u32, index: u64, hash: u64) {
+        let mut sending = lock(&self.sending);
+        let Some(s) = sending.get_mut(&file) else {
+            return; // the file failed meanwhile
+        };
+        s.digest.data(index, hash);
+        if s.read && s.digest.complete() {
+            let checksum = s.digest.finish();
+            sending.remove(&file);
+            drop(sending);
+            self.push(Block::End { file, checksum }, true);
+        }
+    }
+
+    /// The `Stage` a block is sent as, hashing data on the way.
+    pub fn frame(&self, block: Block) -> FrameOut {
+        match block {
+            Block::Data { file, offset, buf } => {
+                self.deposit(file, offset / CHUNK_SIZE, chunk_hash(buf.as_slice()));
+                let mut h = FrameHeader::new(FrameKind::Data, file);
+                h.offset = offset;
+                h.len = buf.len() as u32;
+                FrameOut::with_block(h, buf)
+            }
+            Block::Hole { file, offset, len } => {
+                let mut h = FrameHeader::new(FrameKind::Hole, file);
+                h.offset = offset;
+                h.value = len;
+                FrameOut::new(h, Vec::new())
+            }
+            Block::End { file, checksum } => {
+                let mut h = FrameHeader::new(FrameKind::End, file);
+                h.value = checksum;
+                FrameOut::new(h, Vec::new())
+            }
+            Block::Fail { file, message } => {
+                let msg = message.as_bytes()
+                    [..message.len().min(super::wire::MAX_FAIL_MESSAGE as usize)]
+                    .to_vec();
+                let mut h = FrameHeader::new(FrameKind::Fail, file);
+                h.len = msg.len() as u32;
+                FrameOut::new(h, msg)
+            }
+        }
+    }
+
+    /// A frame went out whole: its buffer goes back to the pool, a file's
+    /// `End` counts the file as sent.
+    pub fn sent(&self, frame: FrameOut) {
+        if frame.header().kind == FrameKind::End {
+            self.files_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(buf) = frame.into_block() {
+            self.pool.put(buf);
+        }
+    }
+
+    /// Stop reading: readers finish their current reads and exit, waiting
+    /// streams wake up.
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::Relaxed);
         self.pool.close();
-        // Drain so workers blocked on a full queue wake up.
-        if let Ok(q) = self.queue.try_lock() {
-            while q.try_recv().is_ok() {}
-        }
+        lock(&self.queue).blocks.clear();
+        self.space.notify_all();
+        self.waiting.wake_all();
     }
 
     /// Wait for the readers; returns the files that failed on this side.
     pub fn finish(&self) -> Vec<FileFailure> {
-        let handles: Vec<_> =
-            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        let handles: Vec<_> = std::mem::take(&mut *lock(&self.workers));
         for h in handles {
             let _ = h.join();
         }
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.failures).clone()
     }
 
     pub fn groups(&self) -> &[Arc<DeviceGroup>] {
@@ -345,316 +369,426 @@ impl SendPipeline {
     }
 }
 
-/// Reads each reader worker keeps in flight. The worker hands chunk reads
-/// of the current file to this many helper threads and forwards the blocks
-/// in file order, so the device has the next chunk queued while one
-/// completes (and while the worker opens the next file or waits for the
-/// hashing stage). A file's reads never outlive it ([`Reads::settle`]).
-pub const READ_DEPTH: usize = 2;
-
-struct ReadJob {
-    file: Arc<File>,
-    offset: u64,
-    buf: AlignedBuf,
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-struct ReadDone {
-    offset: u64,
-    buf: AlignedBuf,
-    result: io::Result<usize>,
+/// One data stream's side of the pipeline: frames out of the queue onto a
+/// non-blocking socket, paced, with keep-alives while the queue is empty.
+pub struct Feed {
+    pipeline: Arc<SendPipeline>,
+    out: Option<FrameOut>,
+    last_write: Instant,
+    /// The `EndOfStream` frame is queued or sent.
+    ended: bool,
 }
 
-/// The reads in flight of one reader worker, in file order.
-struct Reads {
-    jobs: Sender<ReadJob>,
-    done: Receiver<ReadDone>,
-    /// Offsets submitted, oldest first, with the length each must fill.
-    pending: VecDeque<(u64, u64)>,
-    /// Completions that arrived ahead of the oldest pending read.
-    arrived: Vec<ReadDone>,
-}
-
-impl Reads {
-    fn start() -> Reads {
-        let (jobs, job_rx) = channel::<ReadJob>();
-        let (done_tx, done) = channel::<ReadDone>();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        for _ in 0..READ_DEPTH {
-            let (job_rx, done_tx) = (job_rx.clone(), done_tx.clone());
-            std::thread::Builder::new()
-                .name("lh-disk-pread".into())
-                .spawn(move || loop {
-                    let job = match job_rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
-                        Ok(j) => j,
-                        Err(_) => return,
-                    };
-                    let mut buf = job.buf;
-                    let result = read_full_at(&job.file, buf.as_mut_full(), job.offset);
-                    let d = ReadDone {
-                        offset: job.offset,
-                        buf,
-                        result,
-                    };
-                    if done_tx.send(d).is_err() {
-                        return;
-                    }
-                })
-                .expect("spawn read helper thread");
-        }
-        Reads {
-            jobs,
-            done,
-            pending: VecDeque::new(),
-            arrived: Vec::new(),
+impl Feed {
+    pub fn new(pipeline: Arc<SendPipeline>) -> Feed {
+        Feed {
+            pipeline,
+            out: None,
+            last_write: Instant::now(),
+            ended: false,
         }
     }
 
-    fn full(&self) -> bool {
-        self.pending.len() >= READ_DEPTH
-    }
-
-    fn submit(&mut self, file: &Arc<File>, offset: u64, len: u64, buf: AlignedBuf) {
-        let job = ReadJob {
-            file: file.clone(),
-            offset,
-            buf,
-        };
-        // The helpers live as long as `jobs`, which this worker owns.
-        if self.jobs.send(job).is_ok() {
-            self.pending.push_back((offset, len));
+    /// One turn; `Done` once `EndOfStream` went out. An error (the socket
+    /// failed, the session stopped) aborts the whole pipeline.
+    pub fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> io::Result<Progress> {
+        let r = self.turn(io, budget);
+        if r.is_err() {
+            self.pipeline.abort();
         }
+        r
     }
 
-    /// Wait for the oldest read: its offset, length, buffer and result.
-    fn next(&mut self) -> Option<(u64, u64, AlignedBuf, io::Result<usize>)> {
-        let (offset, len) = self.pending.pop_front()?;
+    fn turn(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> io::Result<Progress> {
+        let mut moved = 0;
         loop {
-            if let Some(i) = self.arrived.iter().position(|d| d.offset == offset) {
-                let d = self.arrived.swap_remove(i);
-                return Some((offset, len, d.buf, d.result));
+            if budget.stopped() {
+                return Err(io::Error::other("session stopped"));
             }
-            match self.done.recv() {
-                Ok(d) => self.arrived.push(d),
-                Err(_) => return None,
-            }
-        }
-    }
-
-    /// Wait for every read in flight and return the buffers to the pool.
-    fn settle(&mut self, pool: &BufferPool) {
-        while let Some((_, _, buf, _)) = self.next() {
-            pool.put(buf);
-        }
-        for d in self.arrived.drain(..) {
-            pool.put(d.buf);
-        }
-    }
-}
-
-fn read_worker(list: Vec<SendItem>, ctx: Ctx) {
-    let mut reads = Reads::start();
-    for it in list {
-        if ctx.aborted.load(Ordering::Relaxed) {
-            break;
-        }
-        let r = read_file(&it, &ctx, &mut reads);
-        // Whatever happened, no read of this file stays in flight.
-        reads.settle(&ctx.pool);
-        match r {
-            Ok(true) => {}
-            Ok(false) => break, // aborted
-            Err(e) => {
-                let failure = FileFailure::new(it.id, &it.rel, &e);
-                // The receiver learns code and message: "code\tmessage".
-                let message = format!("{}\t{}", failure.code, failure.error);
-                ctx.failures
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(failure);
-                if ctx
-                    .tx
-                    .send(Stage::Block(Block::Fail {
-                        file: it.id,
-                        message,
-                    }))
-                    .is_err()
-                {
-                    return;
+            if let Some(out) = &mut self.out {
+                let remaining = out.payload_left();
+                let allowed = match budget.pace(remaining.max(1)) {
+                    Grant::Send(n) => n,
+                    Grant::WaitUntil(t) => return Ok(Progress::at(t)),
+                    Grant::Done => return Err(io::Error::other("session stopped")),
+                };
+                let (wrote, payload) = out.write_to(io.sock, allowed)?;
+                budget.spent(payload);
+                moved += payload;
+                io.moved(payload as u64);
+                match wrote {
+                    Wrote::Whole => {
+                        let frame = self.out.take().expect("written above");
+                        self.pipeline.sent(frame);
+                        self.last_write = Instant::now();
+                    }
+                    Wrote::Part => continue,
+                    Wrote::Blocked => return Ok(Progress::writable()),
                 }
-            }
-        }
-    }
-}
-
-/// The hashing stage of one reader worker (see [`Stage`]).
-fn hash_stage(rx: Receiver<Stage>, queue: SyncSender<Block>) {
-    let mut size = 0;
-    let mut digest = FileDigest::default();
-    for stage in rx {
-        let block = match stage {
-            Stage::Begin { size: s, digest: d } => {
-                size = s;
-                digest = *d;
                 continue;
             }
-            Stage::Block(b) => b,
-        };
-        let block = match block {
-            Block::Data { file, offset, buf } => {
-                digest.push(chunk_hash(buf.as_slice()));
-                Block::Data { file, offset, buf }
+            if self.ended {
+                return Ok(Progress::Done);
             }
-            Block::Hole { file, offset, len } => {
-                let first = offset / CHUNK_SIZE;
-                for index in first..chunk_count(offset + len) {
-                    digest.push(zero_chunk_hash(chunk_len(index, size)));
+            if moved >= io.allowance {
+                return Ok(Progress::Yield);
+            }
+            match self.pipeline.next(io.waker) {
+                Next::Block(b) => self.out = Some(self.pipeline.frame(b)),
+                Next::Finished => {
+                    self.out = Some(FrameOut::new(
+                        FrameHeader::new(FrameKind::EndOfStream, 0),
+                        Vec::new(),
+                    ));
+                    self.ended = true;
                 }
-                Block::Hole { file, offset, len }
+                Next::Later => {
+                    let due = self.last_write + KEEPALIVE_INTERVAL;
+                    if Instant::now() < due {
+                        return Ok(Progress::at(due));
+                    }
+                    self.out = Some(FrameOut::new(
+                        FrameHeader::new(FrameKind::KeepAlive, 0),
+                        Vec::new(),
+                    ));
+                }
             }
-            Block::End { file, .. } => Block::End {
-                file,
-                checksum: digest.finish(),
-            },
-            fail @ Block::Fail { .. } => fail,
-        };
-        if queue.send(block).is_err() {
-            return;
         }
     }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        if let Some(buf) = self.out.take().and_then(FrameOut::into_block) {
+            self.pipeline.pool.put(buf);
+        }
+    }
+}
+
+/// What a read in flight belongs to.
+struct ReadTag {
+    file: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// A file being read by a reader.
+struct Reading {
+    it: SendItem,
+    file: Arc<File>,
+    /// Reads in flight.
+    outstanding: usize,
+    /// Every read of the file is submitted (or it failed).
+    submitted: bool,
+    failed: Option<DiskError>,
+}
+
+/// Where a reader is in the file it submits reads for.
+struct Cursor {
+    id: u32,
+    index: u64,
+    chunks: u64,
+    data_from: u64,
+    hole_start: Option<u64>,
+}
+
+/// A reader thread: its files, its IO queue.
+struct Reader {
+    p: Arc<SendPipeline>,
+    io: IoQueue<ReadTag>,
+    direct: bool,
+    follow_symlinks: bool,
+    open: HashMap<u32, Reading>,
 }
 
 fn changed(md: &std::fs::Metadata, it: &SendItem) -> bool {
     md.len() != it.size || md.mtime() != it.mtime.0 || md.mtime_nsec() as u32 != it.mtime.1
 }
 
-/// Read one file into blocks. `Ok(false)` when the pipeline was aborted.
-fn read_file(it: &SendItem, ctx: &Ctx, reads: &mut Reads) -> Result<bool, DiskError> {
-    let src = it.src.display().to_string();
-    let file =
-        open_source(&it.src, ctx.direct, ctx.follow_symlinks).map_err(|e| match e.kind() {
+impl Reader {
+    fn aborted(&self) -> bool {
+        self.p.aborted.load(Ordering::Relaxed)
+    }
+
+    fn run(mut self, list: Vec<SendItem>) {
+        let mut items = list.into_iter();
+        let mut cursor: Option<Cursor> = None;
+        let mut more = true;
+        while !self.aborted() {
+            while !self.io.full() && !self.aborted() {
+                if cursor.is_none() {
+                    match items.next() {
+                        Some(it) => cursor = self.begin(it),
+                        None => {
+                            more = false;
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                let c = cursor.as_mut().expect("checked above");
+                if !self.step(c) {
+                    let id = c.id;
+                    cursor = None;
+                    if let Some(r) = self.open.get_mut(&id) {
+                        r.submitted = true;
+                    }
+                    self.settle(id);
+                }
+            }
+            if !more && cursor.is_none() && self.io.in_flight() == 0 {
+                break;
+            }
+            for d in self.io.wait(None) {
+                let t = d.tag;
+                let Some(r) = self.open.get_mut(&t.file) else {
+                    self.p.pool.put(d.buf);
+                    continue;
+                };
+                r.outstanding -= 1;
+                match d.result {
+                    Ok(_) if r.failed.is_none() => {
+                        let mut buf = d.buf;
+                        buf.set_len(t.len as usize);
+                        self.p.groups[r.it.group].add_read(t.len);
+                        let block = Block::Data {
+                            file: t.file,
+                            offset: t.offset,
+                            buf,
+                        };
+                        if !self.p.push(block, false) {
+                            break;
+                        }
+                    }
+                    Ok(_) => self.p.pool.put(d.buf),
+                    Err(e) => {
+                        self.p.pool.put(d.buf);
+                        let src = r.it.src.display().to_string();
+                        r.failed.get_or_insert(match e.kind() {
+                            io::ErrorKind::UnexpectedEof => DiskError::SourceChanged { path: src },
+                            _ => DiskError::from_io(src, e),
+                        });
+                    }
+                }
+                self.settle(t.file);
+            }
+        }
+        // Aborted or done: nothing may stay in flight.
+        for d in self.io.drain() {
+            self.p.pool.put(d.buf);
+        }
+        self.p.reader_done();
+    }
+
+    /// Opens a file, hashes a resumed prefix, and registers its checksum;
+    /// `None` when it failed at once (its `Fail` is queued).
+    fn begin(&mut self, it: SendItem) -> Option<Cursor> {
+        let id = it.id;
+        match self.open_file(&it) {
+            Ok((file, digest)) => {
+                let chunks = chunk_count(it.size);
+                let from_chunk = (it.from / CHUNK_SIZE).min(chunks);
+                lock(&self.p.sending).insert(
+                    id,
+                    Sending {
+                        digest,
+                        read: false,
+                    },
+                );
+                self.open.insert(
+                    id,
+                    Reading {
+                        it,
+                        file: Arc::new(file),
+                        outstanding: 0,
+                        submitted: false,
+                        failed: None,
+                    },
+                );
+                Some(Cursor {
+                    id,
+                    index: from_chunk,
+                    chunks,
+                    data_from: 0,
+                    hole_start: None,
+                })
+            }
+            Err(e) => {
+                self.fail(&it, e);
+                None
+            }
+        }
+    }
+
+    fn open_file(&self, it: &SendItem) -> Result<(File, OrderedDigest), DiskError> {
+        let src = it.src.display().to_string();
+        let file = open_source(&it.src, self.direct, self.follow_symlinks).map_err(|e| match e
+            .kind()
+        {
             io::ErrorKind::NotFound => DiskError::SourceVanished { path: src.clone() },
             _ => DiskError::from_io(src.clone(), e),
         })?;
-    let md = file
-        .metadata()
-        .map_err(|e| DiskError::from_io(src.clone(), e))?;
-    if changed(&md, it) {
-        return Err(DiskError::SourceChanged { path: src });
+        let md = file
+            .metadata()
+            .map_err(|e| DiskError::from_io(src.clone(), e))?;
+        if changed(&md, it) {
+            return Err(DiskError::SourceChanged { path: src });
+        }
+        let chunks = chunk_count(it.size);
+        let from_chunk = (it.from / CHUNK_SIZE).min(chunks);
+        let mut prefix = FileDigest::default();
+        if from_chunk > 0 {
+            let Some(mut buf) = self.p.pool.get() else {
+                return Err(DiskError::Io {
+                    path: src,
+                    source: io::Error::other("sender shutting down"),
+                });
+            };
+            let r = hash_prefix(
+                &file,
+                it.size,
+                from_chunk,
+                it.sparse,
+                buf.as_mut_full(),
+                &mut prefix,
+            );
+            self.p.pool.put(buf);
+            let read = r.map_err(|e| match e.kind() {
+                io::ErrorKind::UnexpectedEof => DiskError::SourceChanged { path: src.clone() },
+                _ => DiskError::from_io(src.clone(), e),
+            })?;
+            self.p.groups[it.group].add_read(read);
+        }
+        Ok((file, OrderedDigest::resume(it.size, from_chunk, prefix)))
     }
-    let group = &ctx.groups[it.group];
-    let size = it.size;
-    let chunks = chunk_count(size);
-    let from_chunk = (it.from / CHUNK_SIZE).min(chunks);
-    let mut digest = FileDigest::default();
-    if from_chunk > 0 {
-        let Some(mut buf) = ctx.pool.get() else {
-            return Ok(false);
+
+    /// Submits the cursor's next read (or queues a hole); false when the
+    /// file has nothing more to submit.
+    fn step(&mut self, c: &mut Cursor) -> bool {
+        let (sparse, size, file) = match self.open.get(&c.id) {
+            Some(r) if r.failed.is_none() => (r.it.sparse, r.it.size, r.file.clone()),
+            _ => return false,
         };
-        let r = hash_prefix(
-            &file,
-            size,
-            from_chunk,
-            it.sparse,
-            buf.as_mut_full(),
-            &mut digest,
+        while c.index < c.chunks {
+            let off = c.index * CHUNK_SIZE;
+            let len = chunk_len(c.index, size);
+            if sparse && off + len > c.data_from {
+                match next_data(&file, off) {
+                    Ok(d) => c.data_from = d.unwrap_or(u64::MAX),
+                    Err(e) => {
+                        if let Some(r) = self.open.get_mut(&c.id) {
+                            r.failed = Some(DiskError::from_io(r.it.src.display().to_string(), e));
+                        }
+                        return false;
+                    }
+                }
+            }
+            if sparse && c.data_from >= off + len {
+                c.hole_start.get_or_insert(off);
+                c.index += 1;
+                continue;
+            }
+            if let Some(start) = c.hole_start.take() {
+                self.hole(c.id, start, off);
+            }
+            let Some(buf) = self.p.pool.get() else {
+                return false; // aborted
+            };
+            self.io.submit(Op {
+                file: file.clone(),
+                offset: off,
+                // O_DIRECT wants aligned lengths: read a whole chunk buffer
+                // and let EOF shorten it.
+                len: buf.capacity(),
+                need: len as usize,
+                buf,
+                write: false,
+                tag: ReadTag {
+                    file: c.id,
+                    offset: off,
+                    len,
+                },
+            });
+            if let Some(r) = self.open.get_mut(&c.id) {
+                r.outstanding += 1;
+            }
+            c.index += 1;
+            return true;
+        }
+        if let Some(start) = c.hole_start.take() {
+            self.hole(c.id, start, size);
+        }
+        false
+    }
+
+    /// Chunks of `file` from `start` to `end` are a hole: fold their zero
+    /// hashes in and queue the frame.
+    fn hole(&self, file: u32, start: u64, end: u64) {
+        let first = start / CHUNK_SIZE;
+        let count = chunk_count(end) - first;
+        if let Some(s) = lock(&self.p.sending).get_mut(&file) {
+            s.digest.zeros(first, count);
+        }
+        self.p.push(
+            Block::Hole {
+                file,
+                offset: start,
+                len: end - start,
+            },
+            false,
         );
-        ctx.pool.put(buf);
-        let read = r.map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => DiskError::SourceChanged { path: src.clone() },
-            _ => DiskError::from_io(src.clone(), e),
-        })?;
-        group.add_read(read);
     }
-    let digest = Box::new(digest);
-    if ctx.tx.send(Stage::Begin { size, digest }).is_err() {
-        return Ok(false);
-    }
-    // Each send is `false` once the pipeline was aborted.
-    let send = |block: Block| ctx.tx.send(Stage::Block(block)).is_ok();
-    // A pending hole ends where the next data (or the file) starts.
-    let send_hole = |hole_start: &mut Option<u64>, end: u64| match hole_start.take() {
-        Some(start) => send(Block::Hole {
-            file: it.id,
-            offset: start,
-            len: end - start,
-        }),
-        None => true,
-    };
-    // Forward the oldest read in flight as a block (false: aborted).
-    let forward = |reads: &mut Reads| -> Result<bool, DiskError> {
-        let Some((off, len, mut buf, r)) = reads.next() else {
-            return Ok(false);
-        };
-        // Reads fill a whole chunk buffer: O_DIRECT needs aligned
-        // lengths, EOF shortens the last one.
-        let n = match r {
-            Ok(n) => n,
-            Err(e) => {
-                ctx.pool.put(buf);
-                return Err(DiskError::from_io(src.clone(), e));
-            }
-        };
-        if (n as u64) < len {
-            ctx.pool.put(buf);
-            return Err(DiskError::SourceChanged { path: src.clone() });
+
+    /// Ends a file whose reads all completed: checks it did not change,
+    /// then lets its `End` go (or fails it).
+    fn settle(&mut self, id: u32) {
+        let done = self
+            .open
+            .get(&id)
+            .is_some_and(|r| r.submitted && r.outstanding == 0);
+        if !done {
+            return;
         }
-        buf.set_len(len as usize);
-        group.add_read(len);
-        Ok(send(Block::Data {
-            file: it.id,
-            offset: off,
-            buf,
-        }))
-    };
-    // Forward every read in flight, in order.
-    let flush = |reads: &mut Reads| -> Result<bool, DiskError> {
-        while !reads.pending.is_empty() {
-            if !forward(reads)? {
-                return Ok(false);
+        let r = self.open.remove(&id).expect("looked up above");
+        let src = r.it.src.display().to_string();
+        let failure = r.failed.or_else(|| match r.file.metadata() {
+            Err(e) => Some(DiskError::from_io(src.clone(), e)),
+            Ok(_) if !r.it.src.exists() => Some(DiskError::SourceVanished { path: src.clone() }),
+            Ok(md) if changed(&md, &r.it) => Some(DiskError::SourceChanged { path: src.clone() }),
+            Ok(_) => None,
+        });
+        if let Some(e) = failure {
+            lock(&self.p.sending).remove(&id);
+            self.fail(&r.it, e);
+            return;
+        }
+        let mut sending = lock(&self.p.sending);
+        if let Some(s) = sending.get_mut(&id) {
+            s.read = true;
+            if s.digest.complete() {
+                let checksum = s.digest.finish();
+                sending.remove(&id);
+                drop(sending);
+                self.p.push(Block::End { file: id, checksum }, false);
             }
         }
-        Ok(true)
-    };
-    let file = Arc::new(file);
-    let mut data_from = 0u64;
-    let mut hole_start: Option<u64> = None;
-    for index in from_chunk..chunks {
-        let off = index * CHUNK_SIZE;
-        let len = chunk_len(index, size);
-        if it.sparse && off + len > data_from {
-            data_from = next_data(&file, off)
-                .map_err(|e| DiskError::from_io(src.clone(), e))?
-                .unwrap_or(u64::MAX);
-        }
-        if it.sparse && data_from >= off + len {
-            hole_start.get_or_insert(off);
-            continue;
-        }
-        if hole_start.is_some() && (!flush(reads)? || !send_hole(&mut hole_start, off)) {
-            return Ok(false);
-        }
-        if reads.full() && !forward(reads)? {
-            return Ok(false);
-        }
-        let Some(buf) = ctx.pool.get() else {
-            return Ok(false);
-        };
-        reads.submit(&file, off, len, buf);
     }
-    if !flush(reads)? || !send_hole(&mut hole_start, size) {
-        return Ok(false);
+
+    fn fail(&self, it: &SendItem, e: DiskError) {
+        let failure = FileFailure::new(it.id, &it.rel, &e);
+        // The receiver learns code and message: "code\tmessage".
+        let message = format!("{}\t{}", failure.code, failure.error);
+        lock(&self.p.failures).push(failure);
+        self.p.push(
+            Block::Fail {
+                file: it.id,
+                message,
+            },
+            false,
+        );
     }
-    let md = file
-        .metadata()
-        .map_err(|e| DiskError::from_io(src.clone(), e))?;
-    if !it.src.exists() {
-        return Err(DiskError::SourceVanished { path: src });
-    }
-    if changed(&md, it) {
-        return Err(DiskError::SourceChanged { path: src });
-    }
-    Ok(send(Block::End {
-        file: it.id,
-        checksum: 0, // the hashing stage fills it in
-    }))
 }

@@ -1,10 +1,21 @@
-//! The two pipelines joined by socket pairs, without the session layer.
+//! The two pipelines joined by loopback TCP pairs on the data workers,
+//! without the session layer.
 
 use std::fs;
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crate::datapath::{Limit, SendBudget, Sink, Source};
+use crate::messages::Role;
+use crate::stream::{self, StreamStats, Work};
+
+use super::plane::{DiskSink, DiskSource};
+use super::reader::Feed;
+use super::writer::Intake;
 
 use super::source::SourceSet;
 use super::wire::{DiskReport, FileFailure};
@@ -26,27 +37,68 @@ fn transfer(paths: &[PathBuf], root: &Path, dest: &str, opts: &DiskOptions) -> O
 fn transfer_source(src: SourceSet, root: &Path, opts: &DiskOptions) -> Outcome {
     let (rx, plan) = ReceivePipeline::prepare(root, &src.manifest, opts, None).unwrap();
     let (tx, mut sender_failures) = src.start(&plan, opts);
-    let mut threads = Vec::new();
-    for _ in 0..opts.streams {
-        let (mut a, mut b) = UnixStream::pair().unwrap();
-        let t = tx.clone();
-        threads.push(std::thread::spawn(move || {
-            t.pump(&mut a, &|_| {}, &|_| {}, &AtomicBool::new(false))
-                .unwrap()
-        }));
-        let r = rx.clone();
-        threads.push(std::thread::spawn(move || {
-            r.drain(&mut b, &|_| {}).unwrap();
-            0
-        }));
-    }
-    let sent = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let sent = run_pairs(
+        opts.streams,
+        || {
+            Box::new(DiskSource {
+                feed: Feed::new(tx.clone()),
+            })
+        },
+        || {
+            Box::new(DiskSink {
+                intake: Intake::new(rx.clone()),
+            })
+        },
+    );
     sender_failures.extend(tx.finish());
     Outcome {
         report: rx.finish(),
         sender_failures,
         sent,
     }
+}
+
+/// Runs `n` streams over loopback pairs on the data workers, each a source
+/// on one end and a sink on the other; returns the bytes the sources sent.
+fn run_pairs(
+    n: usize,
+    source: impl Fn() -> Box<dyn Source>,
+    sink: impl Fn() -> Box<dyn Sink>,
+) -> u64 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (done_tx, done) = mpsc::channel();
+    let mut streams = Vec::new();
+    for i in 0..n as u32 {
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let budget = SendBudget::new(
+            Limit::Bytes(u64::MAX),
+            None,
+            Arc::new(AtomicBool::new(false)),
+        );
+        for (sock, role, work) in [
+            (a, Role::Send, Work::Send(source(), budget)),
+            (b, Role::Receive, Work::Receive(sink())),
+        ] {
+            let tx = done_tx.clone();
+            let finished: stream::Finished = Box::new(move |r| {
+                let _ = tx.send((role, r));
+            });
+            streams.push((Arc::new(StreamStats::new(i, role, sock)), work, finished));
+        }
+    }
+    stream::start(streams).unwrap();
+    let mut sent = 0;
+    for _ in 0..2 * n {
+        let (role, r) = done
+            .recv_timeout(Duration::from_secs(120))
+            .expect("streams end");
+        let bytes = r.unwrap();
+        if role == Role::Send {
+            sent += bytes;
+        }
+    }
+    sent
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -315,7 +367,6 @@ fn each_device_group_is_read_by_its_own_workers_and_counted() {
     use super::devices::DeviceGroup;
     use super::reader::{SendItem, SendPipeline};
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
 
     let base = tmp("groups");
     let mut items = Vec::new();
@@ -347,14 +398,16 @@ fn each_device_group_is_read_by_its_own_workers_and_counted() {
         ..DiskOptions::default()
     };
     let p = SendPipeline::start(items, groups.clone(), &opts);
-    let sent = p
-        .pump(
-            &mut std::io::sink(),
-            &|_| {},
-            &|_| {},
-            &AtomicBool::new(false),
-        )
-        .unwrap();
+    let plane = crate::planes::memory::MemoryPlane::from_env().unwrap();
+    let sent = run_pairs(
+        2,
+        || {
+            Box::new(DiskSource {
+                feed: Feed::new(p.clone()),
+            })
+        },
+        || crate::datapath::DataPlane::sink(&plane, 0).unwrap(),
+    );
     assert!(p.finish().is_empty());
     assert_eq!(sent, 5 * CHUNK_SIZE + 6);
     assert_eq!(groups[0].read_bytes.load(Ordering::Relaxed), 3 * CHUNK_SIZE);

@@ -1,5 +1,6 @@
-//! Receiver-side path safety: every path from the wire resolves beneath the
-//! `--root` directory or is refused.
+//! Path safety on the server: every path from the wire resolves beneath the
+//! `--root` directory or is refused, whether a push writes it or a pull
+//! ([`resolve_existing`]) reads it.
 //!
 //! A wire path must be canonical and relative: '/'-separated components, none
 //! empty, `.` or `..`, no NUL, not absolute. It is then resolved one
@@ -69,6 +70,38 @@ pub fn validate_dest(dest: &str) -> Result<()> {
         return Ok(());
     }
     components(d).map(|_| ())
+}
+
+/// Pull: the paths a client asked for, as paths beneath `root` that exist
+/// and that reach their last component without passing a symlink. A path
+/// that leaves the root (absolute, `..`, a symlink anywhere on the way,
+/// the last component included) is refused, a missing one is an error
+/// naming it.
+pub fn resolve_existing(root: &Path, rels: &[String]) -> Result<Vec<PathBuf>> {
+    let base = Root::open(root)?;
+    let mut out = Vec::with_capacity(rels.len());
+    for rel in rels {
+        let comps = components(rel)?;
+        let (name, parent) = comps.split_last().expect("components are never empty");
+        let dir = base.open_dir(parent, false, rel)?;
+        match dir.stat(name) {
+            Ok(Some(st)) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                return Err(DiskError::Refused {
+                    path: rel.escape_debug().to_string(),
+                    reason: "a symlink; the server sends nothing through symlinks".into(),
+                })
+            }
+            Ok(Some(_)) => out.push(root.join(rel)),
+            Ok(None) => {
+                return Err(DiskError::from_io(
+                    format!("{rel} beneath the server's --root"),
+                    io::Error::from_raw_os_error(libc::ENOENT),
+                ))
+            }
+            Err(e) => return Err(DiskError::from_io(rel.as_str(), e)),
+        }
+    }
+    Ok(out)
 }
 
 fn cstr(name: &str) -> io::Result<CString> {

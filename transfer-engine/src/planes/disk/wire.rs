@@ -15,10 +15,12 @@
 //! for `Data` and `Fail`. Any stream may carry any file's blocks.
 
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
 
 use longhaul_stats_api::DeviceIo;
 use serde::{Deserialize, Serialize};
 
+use super::buffer::AlignedBuf;
 use super::CHUNK_SIZE;
 
 /// One entry of the manifest.
@@ -215,27 +217,125 @@ impl FrameHeader {
     }
 }
 
-/// Write a header and its payload.
+/// Write a header and its payload (blocking writers: tests, tools).
 pub fn write_frame<W: Write>(w: &mut W, h: &FrameHeader, payload: &[u8]) -> io::Result<()> {
     debug_assert_eq!(payload.len(), h.payload_len());
-    if payload.is_empty() {
-        return w.write_all(&h.encode());
-    }
-    // One syscall for header + payload in the common case.
-    let hdr = h.encode();
-    let n = loop {
-        match w.write_vectored(&[io::IoSlice::new(&hdr), io::IoSlice::new(payload)]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => break n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+    w.write_all(&h.encode())?;
+    w.write_all(payload)
+}
+
+/// A frame's payload on its way out.
+enum PayloadOut {
+    Bytes(Vec<u8>),
+    Block(AlignedBuf),
+}
+
+/// A frame being written to a non-blocking socket, a piece at a time.
+pub struct FrameOut {
+    header: FrameHeader,
+    head: [u8; FRAME_HEADER_LEN],
+    payload: PayloadOut,
+    /// Bytes of header + payload written so far.
+    written: usize,
+}
+
+/// How far [`FrameOut::write_to`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wrote {
+    /// The whole frame is out.
+    Whole,
+    /// All that was allowed went out; more of the frame is left.
+    Part,
+    /// The socket is full.
+    Blocked,
+}
+
+impl FrameOut {
+    /// A frame with a small payload (or none).
+    pub fn new(header: FrameHeader, payload: Vec<u8>) -> FrameOut {
+        debug_assert_eq!(payload.len(), header.payload_len());
+        FrameOut {
+            head: header.encode(),
+            header,
+            payload: PayloadOut::Bytes(payload),
+            written: 0,
         }
-    };
-    if n < hdr.len() {
-        w.write_all(&hdr[n..])?;
-        w.write_all(payload)
-    } else {
-        w.write_all(&payload[n - hdr.len()..])
+    }
+
+    /// A data frame whose payload is a pool buffer.
+    pub fn with_block(header: FrameHeader, buf: AlignedBuf) -> FrameOut {
+        debug_assert_eq!(buf.len(), header.payload_len());
+        FrameOut {
+            head: header.encode(),
+            header,
+            payload: PayloadOut::Block(buf),
+            written: 0,
+        }
+    }
+
+    pub fn header(&self) -> &FrameHeader {
+        &self.header
+    }
+
+    fn payload(&self) -> &[u8] {
+        match &self.payload {
+            PayloadOut::Bytes(b) => b,
+            PayloadOut::Block(b) => b.as_slice(),
+        }
+    }
+
+    /// Payload bytes not written yet.
+    pub fn payload_left(&self) -> usize {
+        self.payload().len() - self.written.saturating_sub(FRAME_HEADER_LEN)
+    }
+
+    /// The pool buffer, for the pool.
+    pub fn into_block(self) -> Option<AlignedBuf> {
+        match self.payload {
+            PayloadOut::Block(b) => Some(b),
+            PayloadOut::Bytes(_) => None,
+        }
+    }
+
+    /// One write of what is left, with at most `allowed` payload bytes (the
+    /// pacer's share). Returns how far it got and the payload bytes written.
+    pub fn write_to(&mut self, sock: &TcpStream, allowed: usize) -> io::Result<(Wrote, usize)> {
+        let head = &self.head[self.written.min(FRAME_HEADER_LEN)..];
+        let from = self.written.saturating_sub(FRAME_HEADER_LEN);
+        let payload = self.payload();
+        let to = payload.len().min(from + allowed);
+        let asked = head.len() + (to - from);
+        if asked == 0 {
+            return Ok((
+                if from == payload.len() {
+                    Wrote::Whole
+                } else {
+                    Wrote::Part
+                },
+                0,
+            ));
+        }
+        let slices = [io::IoSlice::new(head), io::IoSlice::new(&payload[from..to])];
+        let n = loop {
+            match (&mut &*sock).write_vectored(&slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((Wrote::Blocked, 0)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        let before = self.written.saturating_sub(FRAME_HEADER_LEN);
+        self.written += n;
+        let payload_written = self.written.saturating_sub(FRAME_HEADER_LEN) - before;
+        let wrote = if self.written == FRAME_HEADER_LEN + self.payload().len() {
+            Wrote::Whole
+        } else if n < asked {
+            Wrote::Blocked
+        } else {
+            Wrote::Part
+        };
+        Ok((wrote, payload_written))
     }
 }
 

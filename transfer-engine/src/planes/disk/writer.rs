@@ -1,5 +1,6 @@
 //! The receiver pipeline: plan a manifest against `--root`, then let data
-//! streams hand blocks to writer workers per device.
+//! streams (tasks of the data workers) hand blocks to writer threads per
+//! device.
 //!
 //! [`ReceivePipeline::prepare`] validates every path ([`super::safepath`]),
 //! creates directories, and answers per file what is already there
@@ -8,7 +9,7 @@
 //! lock. A worker creates `.NAME.longhaul-part`, preallocates it (fallocate;
 //! sparse files only get their size, so holes stay holes), `pwrite`s blocks
 //! at their offsets in whatever order they come ([`WRITE_DEPTH`] writes in
-//! flight on helper threads; a chunk counts once its write returned), folds
+//! flight through [`super::ioqueue`]; a chunk counts once its write returned), folds
 //! chunk hashes into an [`OrderedDigest`] and saves the verified offset in
 //! the sidecar as it grows. When every chunk is in and the sender's checksum
 //! has arrived, the worker's finisher thread (which also saves the sidecars,
@@ -17,24 +18,32 @@
 //! file into place, a mismatch is an error naming the file. A full disk is
 //! an error naming the file and keeps the partial data for resume.
 
+use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::buffer::{AlignedBuf, BufferPool};
-use super::checksum::{chunk_count, chunk_hash, chunk_len, hash_prefix, FileDigest, OrderedDigest};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::buffer::{AlignedBuf, BufferPool, Take};
+use super::checksum::{chunk_count, chunk_len, hash_prefix, FileDigest, OrderedDigest};
 use super::claims::{ClaimKey, ClaimSet, Claimant};
 use super::devices::{snapshot, DeviceGroup, DeviceMap};
+use super::ioqueue::{Backend, IoQueue, Kicker, Op};
 use super::partial::{self, Have, PartState};
 use super::safepath::{self, Dir, Root};
-use super::wire::{read_header, DiskReport, FileFailure, FrameKind, Manifest, ManifestEntry, Plan};
+use super::wire::{
+    DiskReport, FileFailure, FrameHeader, FrameKind, Manifest, ManifestEntry, Plan,
+    FRAME_HEADER_LEN,
+};
 use super::{DiskError, DiskOptions, CHUNK_SIZE, DIRECT_ALIGN};
+use crate::datapath::{Progress, StreamIo};
+use crate::workers::{WaitList, Waker};
 
 /// Save the sidecar each time the verified prefix grows by this much: a
 /// crash loses at most this much progress, and a 2 GiB file costs ~128
@@ -57,7 +66,8 @@ enum Work {
         file: u32,
         offset: u64,
         buf: AlignedBuf,
-        /// Chunk hash, computed by the stream thread that received it so
+        /// Chunk hash, computed by the stream that received it, piece by
+        /// piece as the bytes arrived (while they are in the cache), so
         /// the writer only waits for the disk.
         hash: u64,
     },
@@ -103,7 +113,8 @@ pub struct ReceivePipeline {
     shared: Arc<Shared>,
     /// This session's claims on its destination files, released with it.
     _claims: Option<ClaimSet>,
-    senders: Mutex<Vec<SyncSender<Work>>>,
+    /// One per writer worker.
+    queues: Vec<Arc<WorkQueue>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     dirs: Vec<(String, ManifestEntry)>,
 }
@@ -255,26 +266,31 @@ impl ReceivePipeline {
             written: AtomicU64::new(0),
             direct: opts.direct,
         });
-        let mut senders = Vec::new();
+        let mut queues = Vec::new();
         let mut handles = Vec::new();
+        let backend = Backend::from_env();
         for _ in 0..nworkers {
+            let mut io = IoQueue::new(WRITE_DEPTH, backend);
+            let kicker = io
+                .kicker()
+                .map_err(|e| DiskError::from_io(manifest.dest.clone(), e))?;
             // Up to one block per stream queued per worker: a writer that
             // is descheduled for a moment does not stall every stream at
             // once. Memory stays bounded by the buffer pool either way.
-            let (tx, rx) = sync_channel::<Work>(opts.streams.max(4));
-            senders.push(tx);
+            let queue = Arc::new(WorkQueue::new(opts.streams.max(4), kicker));
+            queues.push(queue.clone());
             let sh = shared.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name("lh-disk-write".into())
-                    .spawn(move || write_worker(rx, sh))
+                    .spawn(move || write_worker(queue, io, sh))
                     .expect("spawn writer thread"),
             );
         }
         let pipe = ReceivePipeline {
             shared,
             _claims: claims,
-            senders: Mutex::new(senders),
+            queues,
             workers: Mutex::new(handles),
             dirs,
         };
@@ -291,88 +307,34 @@ impl ReceivePipeline {
         self.shared.written.load(Ordering::Relaxed)
     }
 
-    /// Read frames from one data stream until its `EndOfStream`, handing
-    /// blocks to the writers. `progress` sees every payload byte received.
-    /// A protocol violation is an `InvalidData` error.
-    pub fn drain<R: Read>(&self, r: &mut R, progress: &dyn Fn(u64)) -> io::Result<u64> {
+    /// Checks a frame header against the manifest: the file it names
+    /// and, for data and holes, that the range lies inside the file.
+    fn check(&self, h: &FrameHeader) -> io::Result<&Expect> {
         let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
-        let mut got = 0;
-        loop {
-            let Some(h) = read_header(r)? else {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "data stream closed before its end marker",
-                ));
-            };
-            match h.kind {
-                FrameKind::EndOfStream => return Ok(got),
-                FrameKind::KeepAlive => continue,
-                _ => {}
+        let x = self
+            .shared
+            .files
+            .get(h.file as usize)
+            .and_then(|f| f.as_ref())
+            .ok_or_else(|| bad(format!("block for unexpected file id {}", h.file)))?;
+        let size = x.entry.size;
+        match h.kind {
+            FrameKind::Data => {
+                let index = h.offset / CHUNK_SIZE;
+                if h.offset >= size || u64::from(h.len) != chunk_len(index, size) {
+                    return Err(bad(format!(
+                        "block at {} of {} bytes outside {}",
+                        h.offset, h.len, x.path
+                    )));
+                }
             }
-            let x = self
-                .shared
-                .files
-                .get(h.file as usize)
-                .and_then(|f| f.as_ref())
-                .ok_or_else(|| bad(format!("block for unexpected file id {}", h.file)))?;
-            let size = x.entry.size;
-            let work = match h.kind {
-                FrameKind::Data => {
-                    let index = h.offset / CHUNK_SIZE;
-                    if h.offset >= size || u64::from(h.len) != chunk_len(index, size) {
-                        return Err(bad(format!(
-                            "block at {} of {} bytes outside {}",
-                            h.offset, h.len, x.path
-                        )));
-                    }
-                    let Some(mut buf) = self.shared.pool.get() else {
-                        return Err(io::Error::other("receiver shutting down"));
-                    };
-                    if let Err(e) = r.read_exact(&mut buf.as_mut_full()[..h.len as usize]) {
-                        self.shared.pool.put(buf);
-                        return Err(e);
-                    }
-                    buf.set_len(h.len as usize);
-                    got += u64::from(h.len);
-                    progress(u64::from(h.len));
-                    Work::Data {
-                        file: h.file,
-                        offset: h.offset,
-                        hash: chunk_hash(buf.as_slice()),
-                        buf,
-                    }
-                }
-                FrameKind::Hole => {
-                    match h.offset.checked_add(h.value) {
-                        Some(end) if end <= size => {}
-                        _ => return Err(bad(format!("hole outside {}", x.path))),
-                    }
-                    Work::Hole {
-                        file: h.file,
-                        offset: h.offset,
-                        len: h.value,
-                    }
-                }
-                FrameKind::End => Work::End {
-                    file: h.file,
-                    checksum: h.value,
-                },
-                FrameKind::Fail => {
-                    let mut msg = vec![0u8; h.len as usize];
-                    r.read_exact(&mut msg)?;
-                    Work::Fail {
-                        file: h.file,
-                        message: String::from_utf8_lossy(&msg).into_owned(),
-                    }
-                }
-                FrameKind::EndOfStream | FrameKind::KeepAlive => unreachable!("handled above"),
-            };
-            let tx = lock(&self.senders).get(x.worker).cloned();
-            match tx {
-                Some(tx) if tx.send(work).is_ok() => {}
-                _ => return Err(io::Error::other("receiver shutting down")),
-            }
+            FrameKind::Hole => match h.offset.checked_add(h.value) {
+                Some(end) if end <= size => {}
+                _ => return Err(bad(format!("hole outside {}", x.path))),
+            },
+            _ => {}
         }
+        Ok(x)
     }
 
     /// Stop: unblock streams waiting for buffers. Partial files keep their
@@ -384,7 +346,9 @@ impl ReceivePipeline {
     /// After every stream ended (or failed): stop the writers, name every
     /// file that did not complete, apply directory metadata, and report.
     pub fn finish(&self) -> DiskReport {
-        lock(&self.senders).clear();
+        for q in &self.queues {
+            q.close();
+        }
         let handles: Vec<_> = std::mem::take(&mut *lock(&self.workers));
         for h in handles {
             let _ = h.join();
@@ -428,6 +392,299 @@ impl ReceivePipeline {
     }
 }
 
+/// Work waiting for one writer worker: bounded, so a stream that finds it
+/// full stops reading its socket (TCP pushes back on the sender) until the
+/// writer takes something.
+struct WorkQueue {
+    items: Mutex<(VecDeque<Work>, bool)>,
+    cap: usize,
+    /// Streams waiting for room.
+    space: WaitList,
+    /// Ends the writer's wait for IO completions: work arrived.
+    kicker: Kicker,
+}
+
+/// What [`WorkQueue::push`] did.
+enum Push {
+    Queued,
+    /// Full: the waker runs when there is room; the work comes back.
+    Full(Work),
+    Closed,
+}
+
+impl WorkQueue {
+    fn new(cap: usize, kicker: Kicker) -> WorkQueue {
+        WorkQueue {
+            items: Mutex::new((VecDeque::new(), false)),
+            cap,
+            space: WaitList::default(),
+            kicker,
+        }
+    }
+
+    fn push(&self, work: Work, waker: &Waker) -> Push {
+        {
+            let mut q = lock(&self.items);
+            if q.1 {
+                return Push::Closed;
+            }
+            if q.0.len() >= self.cap {
+                // Registered under the lock: a pop after it wakes us.
+                self.space.add(waker);
+                return Push::Full(work);
+            }
+            q.0.push_back(work);
+        }
+        self.kicker.kick();
+        Push::Queued
+    }
+
+    fn pop(&self) -> Option<Work> {
+        let w = lock(&self.items).0.pop_front();
+        if w.is_some() {
+            self.space.wake_one();
+        }
+        w
+    }
+
+    /// Closed and empty: the writer may stop once its IO settled.
+    fn finished(&self) -> bool {
+        let q = lock(&self.items);
+        q.1 && q.0.is_empty()
+    }
+
+    fn close(&self) {
+        lock(&self.items).1 = true;
+        self.kicker.kick();
+        self.space.wake_all();
+    }
+}
+
+/// Where a data stream's [`Intake`] is in the frame it reads.
+enum Reading {
+    Header {
+        buf: [u8; FRAME_HEADER_LEN],
+        got: usize,
+    },
+    /// A data frame's payload, into a pool buffer (`None` until the pool
+    /// has one), hashed piece by piece as it arrives.
+    Data {
+        h: FrameHeader,
+        buf: Option<AlignedBuf>,
+        got: usize,
+    },
+    Fail {
+        h: FrameHeader,
+        msg: Vec<u8>,
+        got: usize,
+    },
+    /// Parsed work for a writer whose queue was full.
+    Handing { work: Work, worker: usize },
+}
+
+/// One data stream's side of the receiver pipeline: reads frames off a
+/// non-blocking socket and hands their work to the file's writer.
+pub struct Intake {
+    pipeline: Arc<ReceivePipeline>,
+    state: Reading,
+    hasher: Xxh3,
+}
+
+impl Intake {
+    pub fn new(pipeline: Arc<ReceivePipeline>) -> Intake {
+        Intake {
+            pipeline,
+            state: Reading::Header {
+                buf: [0; FRAME_HEADER_LEN],
+                got: 0,
+            },
+            hasher: Xxh3::new(),
+        }
+    }
+
+    /// One turn; `Done` at the stream's `EndOfStream`. A protocol violation
+    /// is an `InvalidData` error.
+    pub fn receive(&mut self, io: &StreamIo<'_>) -> io::Result<Progress> {
+        let mut moved = 0;
+        loop {
+            match &mut self.state {
+                Reading::Handing { .. } => {
+                    let Reading::Handing { work, worker } = std::mem::replace(
+                        &mut self.state,
+                        Reading::Header {
+                            buf: [0; FRAME_HEADER_LEN],
+                            got: 0,
+                        },
+                    ) else {
+                        unreachable!("matched above")
+                    };
+                    match self.pipeline.queues[worker].push(work, io.waker) {
+                        Push::Queued => {}
+                        Push::Full(work) => {
+                            self.state = Reading::Handing { work, worker };
+                            return Ok(Progress::woken());
+                        }
+                        Push::Closed => return Err(io::Error::other("receiver shutting down")),
+                    }
+                }
+                Reading::Header { buf, got } => {
+                    if *got == 0 && moved >= io.allowance {
+                        return Ok(Progress::Yield);
+                    }
+                    match read_some(io.sock, &mut buf[*got..])? {
+                        None => return Ok(Progress::readable()),
+                        Some(0) if *got == 0 => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "data stream closed before its end marker",
+                            ))
+                        }
+                        Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                        Some(n) => *got += n,
+                    }
+                    if *got < FRAME_HEADER_LEN {
+                        continue;
+                    }
+                    let h = FrameHeader::decode(buf)?;
+                    self.state = match h.kind {
+                        FrameKind::EndOfStream => return Ok(Progress::Done),
+                        FrameKind::KeepAlive => Reading::Header {
+                            buf: [0; FRAME_HEADER_LEN],
+                            got: 0,
+                        },
+                        FrameKind::Data => {
+                            self.pipeline.check(&h)?;
+                            Reading::Data {
+                                h,
+                                buf: None,
+                                got: 0,
+                            }
+                        }
+                        FrameKind::Fail => {
+                            self.pipeline.check(&h)?;
+                            Reading::Fail {
+                                h,
+                                msg: vec![0; h.len as usize],
+                                got: 0,
+                            }
+                        }
+                        FrameKind::Hole => self.hand(
+                            &h,
+                            Work::Hole {
+                                file: h.file,
+                                offset: h.offset,
+                                len: h.value,
+                            },
+                        )?,
+                        FrameKind::End => self.hand(
+                            &h,
+                            Work::End {
+                                file: h.file,
+                                checksum: h.value,
+                            },
+                        )?,
+                    };
+                }
+                Reading::Data { h, buf, got } => {
+                    if buf.is_none() {
+                        match self.pipeline.shared.pool.take(io.waker) {
+                            Take::Buf(b) => *buf = Some(b),
+                            Take::Later => return Ok(Progress::woken()),
+                            Take::Closed => return Err(io::Error::other("receiver shutting down")),
+                        }
+                    }
+                    let b = buf.as_mut().expect("taken above");
+                    let len = h.len as usize;
+                    let n = match read_some(io.sock, &mut b.as_mut_full()[*got..len])? {
+                        None => return Ok(Progress::readable()),
+                        Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                        Some(n) => n,
+                    };
+                    // Hash what just arrived while it is in the cache.
+                    self.hasher.update(&b.head(*got + n)[*got..]);
+                    *got += n;
+                    moved += n;
+                    io.moved(n as u64);
+                    if *got < len {
+                        continue;
+                    }
+                    let mut b = buf.take().expect("taken above");
+                    b.set_len(len);
+                    let hash = self.hasher.digest();
+                    self.hasher.reset();
+                    let h = *h;
+                    let work = Work::Data {
+                        file: h.file,
+                        offset: h.offset,
+                        buf: b,
+                        hash,
+                    };
+                    self.state = self.hand(&h, work)?;
+                }
+                Reading::Fail { h, msg, got } => {
+                    if *got < msg.len() {
+                        match read_some(io.sock, &mut msg[*got..])? {
+                            None => return Ok(Progress::readable()),
+                            Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                            Some(n) => *got += n,
+                        }
+                        continue;
+                    }
+                    let h = *h;
+                    let work = Work::Fail {
+                        file: h.file,
+                        message: String::from_utf8_lossy(msg).into_owned(),
+                    };
+                    self.state = self.hand(&h, work)?;
+                }
+            }
+        }
+    }
+
+    /// The state that hands `work` to the writer of `h`'s file.
+    fn hand(&self, h: &FrameHeader, work: Work) -> io::Result<Reading> {
+        let x = self.pipeline.check(h)?;
+        Ok(Reading::Handing {
+            work,
+            worker: x.worker,
+        })
+    }
+}
+
+impl Drop for Intake {
+    fn drop(&mut self) {
+        let buf = match std::mem::replace(
+            &mut self.state,
+            Reading::Header {
+                buf: [0; FRAME_HEADER_LEN],
+                got: 0,
+            },
+        ) {
+            Reading::Data { buf, .. } => buf,
+            Reading::Handing {
+                work: Work::Data { buf, .. },
+                ..
+            } => Some(buf),
+            _ => None,
+        };
+        if let Some(b) = buf {
+            self.pipeline.shared.pool.put(b);
+        }
+    }
+}
+
+/// One non-blocking read: `None` when nothing is there yet.
+fn read_some(sock: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        match std::io::Read::read(&mut &*sock, buf) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A file being written by a worker.
 struct Open {
     dir: Arc<Dir>,
@@ -467,7 +724,7 @@ fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
             Finish::Complete { id, mut open } => {
                 let x = sh.files[id as usize]
                     .as_ref()
-                    .expect("drain checked the id");
+                    .expect("the intake checked the id");
                 match complete(x, &mut open) {
                     Ok(()) => {
                         let mut t = lock(&sh.totals);
@@ -497,7 +754,7 @@ fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
 /// synced and renamed hold a descriptor each, no buffers.
 const FINISH_QUEUE: usize = 64;
 
-fn write_worker(rx: Receiver<Work>, sh: Arc<Shared>) {
+fn write_worker(queue: Arc<WorkQueue>, io: IoQueue<WriteTag>, sh: Arc<Shared>) {
     let (fin_tx, fin_rx) = sync_channel::<Finish>(FINISH_QUEUE);
     let fin = {
         let sh = sh.clone();
@@ -506,62 +763,24 @@ fn write_worker(rx: Receiver<Work>, sh: Arc<Shared>) {
             .spawn(move || finisher(fin_rx, sh))
             .expect("spawn finisher thread")
     };
-    write_loop(rx, &sh, &fin_tx);
+    write_loop(&queue, io, &sh, &fin_tx);
     drop(fin_tx);
     let _ = fin.join();
 }
 
-/// Writes each writer worker keeps in flight. A worker owns its files'
-/// state, but its data writes run on this many helper threads, so the
-/// device always has the next block queued while one completes (and while
-/// the worker opens the next file). Blocks of one file land at distinct
-/// offsets and the [`OrderedDigest`] takes chunks in any order; a chunk
-/// counts as written only once its write returned.
-pub const WRITE_DEPTH: usize = 2;
+/// Writes each writer worker keeps in flight ([`super::ioqueue`]). A worker owns
+/// its files' state while the device always has the next block queued as
+/// one completes (and while the worker opens the next file). Blocks of one
+/// file land at distinct offsets and the [`OrderedDigest`] takes chunks in
+/// any order; a chunk counts as written only once its write returned.
+pub const WRITE_DEPTH: usize = super::ioqueue::DEPTH;
 
-/// One data write for a helper.
-struct WriteJob {
-    file: u32,
-    target: Arc<File>,
-    offset: u64,
-    buf: AlignedBuf,
-    hash: u64,
-}
-
-/// A helper's answer: the write of `file` at `offset` is done (or failed).
-struct Written {
+/// What a write in flight belongs to.
+struct WriteTag {
     file: u32,
     offset: u64,
-    len: u64,
     hash: u64,
-    result: io::Result<()>,
 }
-
-fn write_helper(jobs: Arc<Mutex<Receiver<WriteJob>>>, done: Sender<Written>, sh: Arc<Shared>) {
-    loop {
-        let job = match lock(&jobs).recv() {
-            Ok(j) => j,
-            Err(_) => return,
-        };
-        let result = write_all_at(&job.target, job.buf.as_slice(), job.offset);
-        let len = job.buf.len() as u64;
-        sh.pool.put(job.buf);
-        let w = Written {
-            file: job.file,
-            offset: job.offset,
-            len,
-            hash: job.hash,
-            result,
-        };
-        if done.send(w).is_err() {
-            return;
-        }
-    }
-}
-
-/// How long a worker with writes in flight waits for new work before it
-/// looks at their completions again.
-const COMPLETION_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The state of one writer worker.
 struct Worker<'a> {
@@ -571,62 +790,38 @@ struct Worker<'a> {
     // Files that failed or completed: any later frame for them is dropped
     // (a confused or hostile sender cannot reopen a finished file).
     closed: std::collections::HashSet<u32>,
-    jobs: Option<Sender<WriteJob>>,
-    in_flight: usize,
+    io: IoQueue<WriteTag>,
 }
 
-fn write_loop(rx: Receiver<Work>, sh: &Arc<Shared>, fin: &SyncSender<Finish>) {
-    let (job_tx, job_rx) = channel::<WriteJob>();
-    let (done_tx, done_rx) = channel::<Written>();
-    let job_rx = Arc::new(Mutex::new(job_rx));
-    let helpers: Vec<_> = (0..WRITE_DEPTH)
-        .map(|_| {
-            let (jobs, done, sh) = (job_rx.clone(), done_tx.clone(), sh.clone());
-            std::thread::Builder::new()
-                .name("lh-disk-pwrite".into())
-                .spawn(move || write_helper(jobs, done, sh))
-                .expect("spawn write helper thread")
-        })
-        .collect();
-    drop(done_tx);
+fn write_loop(
+    queue: &WorkQueue,
+    io: IoQueue<WriteTag>,
+    sh: &Arc<Shared>,
+    fin: &SyncSender<Finish>,
+) {
     let mut w = Worker {
         sh,
         fin,
         open: std::collections::HashMap::new(),
         closed: std::collections::HashSet::new(),
-        jobs: Some(job_tx),
-        in_flight: 0,
+        io,
     };
     loop {
-        while let Ok(d) = done_rx.try_recv() {
+        while !w.io.full() {
+            match queue.pop() {
+                Some(work) => w.handle(work),
+                None => break,
+            }
+        }
+        if queue.finished() && w.io.in_flight() == 0 {
+            break;
+        }
+        // Until a write completes or a stream queues work (its kick).
+        for d in w.io.wait(None) {
             w.written(d);
         }
-        let work = if w.in_flight > 0 {
-            match rx.recv_timeout(COMPLETION_POLL) {
-                Ok(work) => work,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        } else {
-            match rx.recv() {
-                Ok(work) => work,
-                Err(_) => break,
-            }
-        };
-        w.handle(work);
     }
-    // Streams are done: let the writes in flight land, then keep what
-    // arrived for resume.
-    w.jobs = None;
-    while w.in_flight > 0 {
-        match done_rx.recv() {
-            Ok(d) => w.written(d),
-            Err(_) => break,
-        }
-    }
-    for h in helpers {
-        let _ = h.join();
-    }
+    // Streams are done: keep what arrived for resume.
     for (id, o) in std::mem::take(&mut w.open) {
         if let Some(x) = sh.files[id as usize].as_ref() {
             save(fin, &o, x);
@@ -645,7 +840,7 @@ impl Worker<'_> {
         };
         let x = sh.files[id as usize]
             .as_ref()
-            .expect("drain checked the id");
+            .expect("the intake checked the id");
         if self.closed.contains(&id) {
             if let Work::Data { buf, .. } = work {
                 sh.pool.put(buf);
@@ -691,17 +886,20 @@ impl Worker<'_> {
                         Some(d) if aligned => d.clone(),
                         _ => o.file.clone(),
                     };
-                    let job = WriteJob {
-                        file: id,
-                        target,
+                    let len = buf.len();
+                    self.io.submit(Op {
+                        file: target,
                         offset,
                         buf,
-                        hash,
-                    };
-                    match &self.jobs {
-                        Some(jobs) if jobs.send(job).is_ok() => self.in_flight += 1,
-                        _ => unreachable!("helpers live as long as the worker loop"),
-                    }
+                        len,
+                        need: len,
+                        write: true,
+                        tag: WriteTag {
+                            file: id,
+                            offset,
+                            hash,
+                        },
+                    });
                     return;
                 }
             }
@@ -716,31 +914,33 @@ impl Worker<'_> {
         self.progressed(id);
     }
 
-    /// A helper finished a write.
-    fn written(&mut self, d: Written) {
-        self.in_flight -= 1;
+    /// A write completed.
+    fn written(&mut self, d: super::ioqueue::Done<WriteTag>) {
         let sh = self.sh;
-        if self.closed.contains(&d.file) {
+        let t = d.tag;
+        let len = d.buf.len() as u64;
+        sh.pool.put(d.buf);
+        if self.closed.contains(&t.file) {
             return;
         }
-        let x = sh.files[d.file as usize]
+        let x = sh.files[t.file as usize]
             .as_ref()
-            .expect("drain checked the id");
+            .expect("the intake checked the id");
         if let Err(e) = d.result {
             let e = DiskError::from_io(x.path.clone(), e);
-            if let Some(o) = self.open.remove(&d.file) {
+            if let Some(o) = self.open.remove(&t.file) {
                 save(self.fin, &o, x);
             }
             fail(sh, x, e.code(), e.to_string());
-            self.closed.insert(d.file);
+            self.closed.insert(t.file);
             return;
         }
-        sh.written.fetch_add(d.len, Ordering::Relaxed);
-        sh.groups[x.group].add_written(d.len);
-        if let Some(o) = self.open.get_mut(&d.file) {
-            o.digest.data(d.offset / CHUNK_SIZE, d.hash);
+        sh.written.fetch_add(len, Ordering::Relaxed);
+        sh.groups[x.group].add_written(len);
+        if let Some(o) = self.open.get_mut(&t.file) {
+            o.digest.data(t.offset / CHUNK_SIZE, t.hash);
         }
-        self.progressed(d.file);
+        self.progressed(t.file);
     }
 
     /// After the digest of `id` grew: save the sidecar now and then, and
@@ -748,7 +948,7 @@ impl Worker<'_> {
     fn progressed(&mut self, id: u32) {
         let x = self.sh.files[id as usize]
             .as_ref()
-            .expect("drain checked the id");
+            .expect("the intake checked the id");
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
@@ -874,21 +1074,6 @@ fn preallocate(file: &File, size: u64) -> io::Result<()> {
     }
 }
 
-fn write_all_at(f: &File, mut data: &[u8], mut off: u64) -> io::Result<()> {
-    while !data.is_empty() {
-        match f.write_at(data, off) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                data = &data[n..];
-                off += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
     let io = |e: io::Error| DiskError::from_io(x.path.clone(), e);
     if Some(o.digest.finish()) != o.end {
@@ -909,6 +1094,6 @@ fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
     o.dir
         .rename(&partial::part_name(&o.name), &o.name)
         .map_err(io)?;
-    o.dir.unlink(&partial::state_name(&o.name)).map_err(io)?;
+    partial::remove_state(&o.dir, &o.name).map_err(io)?;
     Ok(())
 }
