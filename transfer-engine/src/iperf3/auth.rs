@@ -177,7 +177,8 @@ impl ServerAuth {
     }
 
     fn check_at(&self, token: Option<&str>, now: i64) -> std::result::Result<String, String> {
-        let token = token.ok_or("no credentials (the client needs --username and --rsa-public-key-path)")?;
+        let token = token
+            .ok_or("no credentials (the client needs --username and --rsa-public-key-path)")?;
         if token.len() > MAX_TOKEN_LEN {
             return Err(format!("a {}-byte token", token.len()));
         }
@@ -237,7 +238,11 @@ mod tests {
 
     fn server(dir: &Path, key: &RsaPrivateKey) -> ServerAuth {
         let key_path = dir.join("private.pem");
-        std::fs::write(&key_path, key.to_pkcs8_pem(LineEnding::LF).unwrap().as_bytes()).unwrap();
+        std::fs::write(
+            &key_path,
+            key.to_pkcs8_pem(LineEnding::LF).unwrap().as_bytes(),
+        )
+        .unwrap();
         let users = dir.join("users.csv");
         std::fs::write(
             &users,
@@ -275,7 +280,9 @@ mod tests {
         let fail = |t: Option<&str>| auth.check_at(t, now).unwrap_err();
         assert!(fail(Some(&token("alice", "wrong", now, Padding::Pkcs1v15))).contains("alice"));
         assert!(fail(Some(&token("bob", "s3cret", now, Padding::Pkcs1v15))).contains("bob"));
-        assert!(fail(Some(&token("alice", "s3cret", now - 60, Padding::Pkcs1v15))).contains("60 s"));
+        assert!(
+            fail(Some(&token("alice", "s3cret", now - 60, Padding::Pkcs1v15))).contains("60 s")
+        );
         assert!(fail(None).contains("--username"));
         assert!(fail(Some("!!")).contains("base64"));
         let other = RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).unwrap();

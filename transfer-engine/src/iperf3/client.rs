@@ -181,7 +181,9 @@ fn server_event(h: Heard, when: &str) -> Error {
         Heard::Closed => Error::PeerAborted(format!(
             "the iperf3 server closed the control connection {when}"
         )),
-        Heard::Failed(e) => Error::PeerAborted(format!("the control connection failed {when}: {e}")),
+        Heard::Failed(e) => {
+            Error::PeerAborted(format!("the control connection failed {when}: {e}"))
+        }
         Heard::State(s) => Error::Protocol(format!("unexpected iperf3 state {s:?} {when}")),
         Heard::Unknown(b) => Error::Protocol(format!("unknown iperf3 state byte {b} {when}")),
         Heard::Json(Err(e)) => Error::Protocol(format!("the server's results: {e}")),
@@ -210,11 +212,19 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     let mut w = &ctrl;
     match read_state(&ctrl)? {
         State::ParamExchange => control::send_json(&mut w, &p.to_json())?,
-        s => return Err(Error::Protocol(format!("expected PARAM_EXCHANGE, got {s:?}"))),
+        s => {
+            return Err(Error::Protocol(format!(
+                "expected PARAM_EXCHANGE, got {s:?}"
+            )))
+        }
     }
     match read_state(&ctrl)? {
         State::CreateStreams => {}
-        s => return Err(Error::Protocol(format!("expected CREATE_STREAMS, got {s:?}"))),
+        s => {
+            return Err(Error::Protocol(format!(
+                "expected CREATE_STREAMS, got {s:?}"
+            )))
+        }
     }
     let shape = p.shape();
     let total = session::total_streams(&shape);
@@ -351,9 +361,7 @@ fn run_test(
         }
         match events.recv_timeout(wake.saturating_duration_since(now)) {
             Ok(Event::Control(h)) => return Err(server_event(h, "during the test")),
-            Ok(Event::Ended(StreamEnd {
-                result: Err(e), ..
-            })) => return Err(e),
+            Ok(Event::Ended(StreamEnd { result: Err(e), .. })) => return Err(e),
             Ok(Event::Ended(_)) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(Error::PeerAborted("the test's channel closed".into()))
@@ -554,7 +562,9 @@ mod tests {
 
     #[test]
     fn refusals_map_to_the_engines_errors() {
-        assert!(matches!(refusal(ErrorCode::AuthTest), Error::Auth(m) if m.contains("authorization")));
+        assert!(
+            matches!(refusal(ErrorCode::AuthTest), Error::Auth(m) if m.contains("authorization"))
+        );
         assert!(matches!(refusal(ErrorCode::AccessDenied), Error::Busy(_)));
         assert!(matches!(refusal(ErrorCode::TotalRate), Error::Refused(_)));
     }

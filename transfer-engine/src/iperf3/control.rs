@@ -69,8 +69,7 @@ pub fn spawn_reader(
                 }
                 heard(Heard::State(state));
                 if state == json_after {
-                    let block =
-                        wire::read_json(&mut r, MAX_RESULTS_LEN).map_err(|e| e.to_string());
+                    let block = wire::read_json(&mut r, MAX_RESULTS_LEN).map_err(|e| e.to_string());
                     let failed = block.is_err();
                     heard(Heard::Json(block));
                     if failed {

@@ -359,16 +359,24 @@ impl Params {
     /// Whether the server runs this test, or which iperf3 error refuses it.
     pub fn check(&self, limits: &ServerLimits) -> Result<(), Refusal> {
         if self.transport == Transport::Sctp {
-            return Err(Refusal::new(ErrorCode::NoSctp, "SCTP tests are not supported"));
+            return Err(Refusal::new(
+                ErrorCode::NoSctp,
+                "SCTP tests are not supported",
+            ));
         }
         if self.parallel == 0 || self.parallel > MAX_PARALLEL {
             return Err(Refusal::new(
                 ErrorCode::NumStreams,
-                format!("{} streams asked, 1 to {MAX_PARALLEL} allowed", self.parallel),
+                format!(
+                    "{} streams asked, 1 to {MAX_PARALLEL} allowed",
+                    self.parallel
+                ),
             ));
         }
         match self.transport {
-            Transport::Udp if self.len > 0 && !(MIN_UDP_BLOCK..=MAX_UDP_BLOCK).contains(&self.len) => {
+            Transport::Udp
+                if self.len > 0 && !(MIN_UDP_BLOCK..=MAX_UDP_BLOCK).contains(&self.len) =>
+            {
                 return Err(Refusal::new(
                     ErrorCode::UdpBlockSize,
                     format!("UDP datagrams of {} bytes", self.len),
@@ -389,7 +397,10 @@ impl Params {
             ));
         }
         if self.mss > MAX_MSS {
-            return Err(Refusal::new(ErrorCode::Mss, format!("an MSS of {}", self.mss)));
+            return Err(Refusal::new(
+                ErrorCode::Mss,
+                format!("an MSS of {}", self.mss),
+            ));
         }
         if self.flowlabel > 0 {
             return Err(Refusal::new(
@@ -470,17 +481,29 @@ mod tests {
     fn limits_refuse_with_iperf3_codes() {
         let check = |v: Value, l: ServerLimits| Params::from_json(&v).unwrap().check(&l);
         let code = |r: Result<(), Refusal>| r.unwrap_err().code;
-        assert_eq!(code(check(serde_json::json!({"sctp": true}), limits())), ErrorCode::NoSctp);
         assert_eq!(
-            code(check(serde_json::json!({"tcp": true, "parallel": 129}), limits())),
+            code(check(serde_json::json!({"sctp": true}), limits())),
+            ErrorCode::NoSctp
+        );
+        assert_eq!(
+            code(check(
+                serde_json::json!({"tcp": true, "parallel": 129}),
+                limits()
+            )),
             ErrorCode::NumStreams
         );
         assert_eq!(
-            code(check(serde_json::json!({"tcp": true, "time": 3601}), limits())),
+            code(check(
+                serde_json::json!({"tcp": true, "time": 3601}),
+                limits()
+            )),
             ErrorCode::Duration
         );
         assert_eq!(
-            code(check(serde_json::json!({"tcp": true, "time": 3000, "omit": 601}), limits())),
+            code(check(
+                serde_json::json!({"tcp": true, "time": 3000, "omit": 601}),
+                limits()
+            )),
             ErrorCode::Duration
         );
         let capped = ServerLimits {
@@ -500,11 +523,17 @@ mod tests {
         )
         .is_ok());
         assert_eq!(
-            code(check(serde_json::json!({"udp": true, "len": 70000}), limits())),
+            code(check(
+                serde_json::json!({"udp": true, "len": 70000}),
+                limits()
+            )),
             ErrorCode::UdpBlockSize
         );
         assert_eq!(
-            code(check(serde_json::json!({"tcp": true, "flowlabel": 5}), limits())),
+            code(check(
+                serde_json::json!({"tcp": true, "flowlabel": 5}),
+                limits()
+            )),
             ErrorCode::Unimplemented
         );
     }

@@ -37,8 +37,8 @@ use crate::auth::{random_bytes, to_hex};
 use crate::cpu::CpuSnapshot;
 use crate::error::{Error, Result};
 use crate::limits::{
-    admission_settings, ADMISSION_DEADLINE, ATTACH_TIMEOUT, DATA_IDLE_TIMEOUT,
-    DATA_SOCKET_TIMEOUT, SHUTDOWN_TIMEOUT, WATCHDOG_PERIOD,
+    admission_settings, ADMISSION_DEADLINE, ATTACH_TIMEOUT, DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT,
+    SHUTDOWN_TIMEOUT, WATCHDOG_PERIOD,
 };
 use crate::logline;
 use crate::messages::Role;
@@ -265,7 +265,9 @@ struct TestSlot<'a>(&'a AtomicUsize);
 impl<'a> TestSlot<'a> {
     fn take(active: &'a AtomicUsize, max: usize) -> Option<TestSlot<'a>> {
         active
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
             .ok()
             .map(|_| TestSlot(active))
     }
@@ -554,8 +556,12 @@ fn open_udp(
     ctx: &Arc<Context>,
     events: &Receiver<Event>,
 ) -> std::result::Result<Vec<UdpSocket>, Failure> {
-    let peer = stream.peer_addr().map_err(|e| Error::io("iperf3 control", e))?;
-    let local = stream.local_addr().map_err(|e| Error::io("iperf3 control", e))?;
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| Error::io("iperf3 control", e))?;
+    let local = stream
+        .local_addr()
+        .map_err(|e| Error::io("iperf3 control", e))?;
     let expected = ctx
         .udp
         .expect(udp::canonical(peer.ip()), local_ip(local), total)
@@ -575,7 +581,9 @@ fn open_udp(
             Ok(s) => sockets.push(s),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
-                return Err(Failure::silent(Error::PeerAborted("UDP port closed".into())))
+                return Err(Failure::silent(Error::PeerAborted(
+                    "UDP port closed".into(),
+                )))
             }
         }
         if let Ok(Event::Control(h)) = events.try_recv() {
@@ -691,7 +699,10 @@ fn unexpected(h: Heard, when: &str) -> Failure {
         ),
         Heard::ServerError(c) => Failure::tell(
             ErrorCode::Message,
-            Error::Protocol(format!("a client sent SERVER_ERROR ({}) {when}", c.number())),
+            Error::Protocol(format!(
+                "a client sent SERVER_ERROR ({}) {when}",
+                c.number()
+            )),
         ),
         Heard::Json(_) => Failure::tell(
             ErrorCode::Message,
@@ -717,8 +728,8 @@ fn run_until_test_end(
     // test within the server's longest.
     let mut hard_end = start + limits.max_duration;
     if params.time > 0 && params.byte_limit().is_none() {
-        hard_end = hard_end
-            .min(start + Duration::from_secs(params.time + params.omit) + SHUTDOWN_TIMEOUT);
+        hard_end =
+            hard_end.min(start + Duration::from_secs(params.time + params.omit) + SHUTDOWN_TIMEOUT);
     }
     let mut progress = (test.progress(), start);
     let mut rate = RateWindow::new(start);
@@ -843,9 +854,8 @@ fn client_results(events: &Receiver<Event>, total: usize) -> std::result::Result
         let wait = deadline.saturating_duration_since(Instant::now());
         match events.recv_timeout(wait) {
             Ok(Event::Control(Heard::Json(Ok(v)))) => {
-                let r = Results::from_json(&v).map_err(|why| {
-                    Failure::tell(ErrorCode::RecvResults, Error::Protocol(why))
-                })?;
+                let r = Results::from_json(&v)
+                    .map_err(|why| Failure::tell(ErrorCode::RecvResults, Error::Protocol(why)))?;
                 if let Some(bad) = r
                     .streams
                     .iter()
@@ -903,8 +913,7 @@ fn drain(test: &TestStreams, theirs: &Results) {
 fn wait_for_done(events: &Receiver<Event>) {
     let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
     while let Ok(e) = events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        if let Event::Control(Heard::State(State::IperfDone) | Heard::Closed | Heard::Failed(_)) =
-            e
+        if let Event::Control(Heard::State(State::IperfDone) | Heard::Closed | Heard::Failed(_)) = e
         {
             return;
         }

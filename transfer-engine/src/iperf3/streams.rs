@@ -172,11 +172,16 @@ impl TestStreams {
             Some(b) => Limit::Bytes(b),
             None => Limit::For(plan.send_for),
         };
-        let pacer = || (plan.stream_rate_bps > 0).then(|| Arc::new(Pacer::new(plan.stream_rate_bps)));
+        let pacer =
+            || (plan.stream_rate_bps > 0).then(|| Arc::new(Pacer::new(plan.stream_rate_bps)));
         let (count, tcp, udp) = match sockets {
             Sockets::Tcp(socks) => {
                 let n = socks.len();
-                (n, session::stream_stats(&plan.shape, plan.side, socks), Vec::new())
+                (
+                    n,
+                    session::stream_stats(&plan.shape, plan.side, socks),
+                    Vec::new(),
+                )
             }
             Sockets::Udp(socks) => {
                 let n = socks.len();
@@ -231,13 +236,7 @@ impl TestStreams {
         Ok(test)
     }
 
-    fn start_udp(
-        &self,
-        u: Arc<UdpStream>,
-        plan: &Plan,
-        limit: Limit,
-        on_end: OnEnd,
-    ) -> Result<()> {
+    fn start_udp(&self, u: Arc<UdpStream>, plan: &Plan, limit: Limit, on_end: OnEnd) -> Result<()> {
         let gate = self.gate.clone();
         let (stop, counting, left) = (
             self.stop.clone(),
@@ -289,7 +288,8 @@ impl TestStreams {
     pub fn go(&self) -> Result<Instant> {
         self.counting.store(true, Ordering::Relaxed);
         let start = self.gate.open();
-        let mut pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut pending =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
         for (_, work, _) in &mut pending {
             if let Work::Send(_, budget) = work {
                 budget.started_at(start);
@@ -333,8 +333,14 @@ impl TestStreams {
     /// Anything TCP moved on any socket, or UDP bytes: grows while the test
     /// makes any progress at all (the server's idle watchdog).
     pub fn progress(&self) -> u64 {
-        let tcp: u64 = self.tcp.iter().map(|s| s.progress()).fold(0, u64::wrapping_add);
-        (0..self.udp.len()).map(|i| self.bytes(i)).fold(tcp, u64::wrapping_add)
+        let tcp: u64 = self
+            .tcp
+            .iter()
+            .map(|s| s.progress())
+            .fold(0, u64::wrapping_add);
+        (0..self.udp.len())
+            .map(|i| self.bytes(i))
+            .fold(tcp, u64::wrapping_add)
     }
 
     /// The omitted seconds are over: later results count from here.
@@ -393,7 +399,10 @@ impl TestStreams {
         self.gate.open();
         // Streams never started end with the test (their `on_end` is not
         // called).
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         for s in &self.tcp {
             s.abort();
         }
@@ -466,7 +475,13 @@ pub struct CpuUse {
 impl CpuUse {
     /// From a CPU report of the engine and the wall seconds it covers.
     pub fn from_report(r: &crate::messages::CpuReport, seconds: f64) -> CpuUse {
-        let pct = |s: f64| if seconds > 0.0 { s / seconds * 100.0 } else { 0.0 };
+        let pct = |s: f64| {
+            if seconds > 0.0 {
+                s / seconds * 100.0
+            } else {
+                0.0
+            }
+        };
         CpuUse {
             user_pct: pct(r.process_user_seconds),
             system_pct: pct(r.process_system_seconds),

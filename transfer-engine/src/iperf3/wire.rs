@@ -336,8 +336,8 @@ pub fn read_json(r: &mut impl Read, max: usize) -> Result<Value, JsonError> {
 /// Writes one JSON block (length, then the JSON on one line).
 pub fn write_json(w: &mut impl Write, value: &Value) -> io::Result<()> {
     let body = serde_json::to_vec(value).map_err(io::Error::other)?;
-    let len = u32::try_from(body.len())
-        .map_err(|_| io::Error::other("JSON block larger than 4 GiB"))?;
+    let len =
+        u32::try_from(body.len()).map_err(|_| io::Error::other("JSON block larger than 4 GiB"))?;
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&body);
