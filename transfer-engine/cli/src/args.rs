@@ -244,6 +244,17 @@ pub struct SendArgs {
     /// Follow symlinks while walking the PATHs
     #[arg(long)]
     pub follow_symlinks: bool,
+    /// The server's protocol: longhaul's own, or iperf3's (any iperf3
+    /// server; memory mode, up to 128 streams)
+    #[arg(long, value_enum, default_value_t = WireProtocol::Longhaul)]
+    pub protocol: WireProtocol,
+}
+
+/// What `send --protocol` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WireProtocol {
+    Longhaul,
+    Iperf3,
 }
 
 #[derive(Debug, Args)]

@@ -595,21 +595,25 @@ mod tests {
             limit: Limit::Bytes(100_000),
             stop: Arc::new(AtomicBool::new(false)),
         };
+        // The receiver runs while the datagrams arrive: waiting until all
+        // 100 were sent could overflow its socket buffer.
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopper = stop.clone();
+        let receiver = std::thread::spawn(move || {
+            let stats = Mutex::new(ReceiveStats::default());
+            let got = DatagramStream::new(0, Role::Receive);
+            let counting = AtomicBool::new(true);
+            receive_loop(&rx, 1000, false, &counting, &stop, &stats, &got).unwrap();
+            stats.into_inner().unwrap()
+        });
         let sent = DatagramStream::new(0, Role::Send);
         let started = Instant::now();
         send_loop(&tx, &plan, &sent).unwrap();
         assert!(started.elapsed() >= Duration::from_millis(70));
         assert_eq!(sent.datagrams.load(Ordering::Relaxed), 100);
-        let stats = Mutex::new(ReceiveStats::default());
-        let got = DatagramStream::new(0, Role::Receive);
-        let (counting, stop) = (AtomicBool::new(true), Arc::new(AtomicBool::new(false)));
-        let stopper = stop.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            stopper.store(true, Ordering::Relaxed);
-        });
-        receive_loop(&rx, 1000, false, &counting, &stop, &stats, &got).unwrap();
-        let s = stats.lock().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        stopper.store(true, Ordering::Relaxed);
+        let s = receiver.join().unwrap();
         assert_eq!((s.datagrams, s.highest, s.lost), (100, 100, 0));
     }
 }
