@@ -116,6 +116,17 @@ def check_tcp_sums(end, sent_key, received_key, longhaul_receives, streams):
         assert sent - slack <= received <= sent, f"{received_key} {received} vs {sent_key} {sent}"
 
 
+def listening(port):
+    """Whether a socket listens on TCP `port` (IPv4 or IPv6), from /proc."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in lines.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
 def rss_mib(proc):
     with open(f"/proc/{proc.pid}/status") as status:
         for line in status:
@@ -574,3 +585,39 @@ def test_iperf3_authentication(auth_server):
     # Still open to the right user after the refusals.
     rc, data, stderr = authenticated(auth_server, "alice", "s3cret")
     assert rc == 0 and "error" not in data, (rc, data and data.get("error"), stderr)
+
+
+# ------------------------------------------------------------ longhaul as the client
+
+
+@pytest.mark.parametrize("direction", [[], ["--reverse"], ["--bidir"]], ids=["forward", "reverse", "bidir"])
+def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
+    need_binaries()
+    port = helpers.free_port()
+    iperf3 = processes.start("iperf3-s", [IPERF3, "-s", "-1", "-J", "-p", port])
+    # Not by connecting: `-s -1` would take that for its one test.
+    helpers.wait_until(lambda: listening(port), 10, f"iperf3 -s on port {port}", 0.1)
+    processes.check_running(iperf3)
+    result = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{port}"]
+        + ["--time", "2", "--streams", "2", "--json", *direction],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    iperf3.wait(timeout=30)
+    end = json.loads(processes.log("iperf3-s"))["end"]
+
+    def server(key):
+        return end.get(key, {}).get("bytes", 0) + end.get(key + "_bidir_reverse", {}).get("bytes", 0)
+
+    assert ours["bytes"] == ours["bytes_sent"] + ours["bytes_received"] > 0
+    for mine, theirs in ((ours["bytes_sent"], server("sum_received")), (ours["bytes_received"], server("sum_sent"))):
+        assert abs(mine - theirs) <= theirs / 100, (ours, end)
+    if direction != ["--reverse"]:
+        assert ours["bytes_sent"] > 0
+    if direction:
+        assert ours["bytes_received"] > 0
+    assert ours["iperf3"]["server"]["streams"], ours["iperf3"]
