@@ -46,6 +46,12 @@ const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 /// server to close them (an iperf3 server closes its streams at once).
 const DRAIN_MAX: Duration = Duration::from_secs(10);
 
+/// ... or until our receiving streams moved nothing for this long.
+const DRAIN_QUIET: Duration = Duration::from_millis(500);
+
+/// How often the drain looks at the counters.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
 enum Event {
     Control(Heard),
     Ended(StreamEnd),
@@ -378,11 +384,25 @@ fn drain(test: &TestStreams, events: &Receiver<Event>) {
         .count();
     let mut ended = 0;
     let deadline = Instant::now() + DRAIN_MAX;
+    // An iperf3 server may keep its streams open until IPERF_DONE: once
+    // the server stopped, what it sent has arrived when our counters stop
+    // growing.
+    let mut last = test.total(Role::Receive);
+    let mut quiet_since = Instant::now();
     while ended < receiving {
-        match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let now = Instant::now();
+        if now >= deadline || now.duration_since(quiet_since) >= DRAIN_QUIET {
+            return;
+        }
+        match events.recv_timeout(DRAIN_POLL.min(deadline.saturating_duration_since(now))) {
             Ok(Event::Ended(e)) if test.role(e.index as usize) == Role::Receive => ended += 1,
-            Ok(_) => {}
-            Err(_) => return,
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let total = test.total(Role::Receive);
+        if total != last {
+            last = total;
+            quiet_since = Instant::now();
         }
     }
 }
