@@ -157,6 +157,9 @@ TCP_SHAPES = [
     pytest.param(["--bidir"], id="bidir"),
     pytest.param(["-w", "2M"], id="window-2M"),
     pytest.param(["-C", "cubic"], id="cc-cubic"),
+    pytest.param(["-Z"], id="zerocopy"),
+    pytest.param(["-M", "1400"], id="mss-1400"),
+    pytest.param(["--get-server-output"], id="server-output"),
 ]
 
 
@@ -170,6 +173,8 @@ def test_iperf3_client_tcp_shapes(server, args):
     check_tcp_sums(end, "sum_sent", "sum_received", not reverse, streams)
     if "--bidir" in args:
         check_tcp_sums(end, "sum_sent_bidir_reverse", "sum_received_bidir_reverse", False, 1)
+    if "--get-server-output" in args:
+        assert "longhaul" in data["server_output_text"], data.get("server_output_text")
     if "-C" in args:
         assert end["sender_tcp_congestion"] == "cubic"
         assert end["receiver_tcp_congestion"] == "cubic"
@@ -180,6 +185,18 @@ def test_iperf3_client_bytes_limit(server):
     end = data["end"]
     assert end["sum_sent"]["bytes"] == 1 << 30
     assert end["sum_received"]["bytes"] == 1 << 30
+
+
+def test_iperf3_client_blocks_limit(server):
+    data = iperf3_ok(server, "-k", 2000)
+    end = data["end"]
+    assert end["sum_sent"]["bytes"] == end["sum_received"]["bytes"] == 2000 * 131072
+
+
+def test_unsupported_option_is_refused_with_iperf3s_error(server):
+    _, data, _ = run_iperf3(server.port, "-t", 1, "-L", 5)
+    assert data["error"] == "an option you are trying to set is not implemented yet"
+    still_serves(server)
 
 
 def test_iperf3_client_udp(server):
