@@ -203,9 +203,10 @@ def test_iperf3_client_udp(server):
     data = iperf3_ok(server, "-t", 2, "-u", "-b", "1G")
     sent, received = data["end"]["sum_sent"], data["end"]["sum_received"]
     assert sent["packets"] > 1000 and sent["bytes"] > 0
-    # The receiver saw the sequence numbers up to the last: what it missed
-    # is its loss figure.
-    assert received["packets"] == sent["packets"]
+    # The receiver counts up to the highest sequence number it saw: what it
+    # missed below it is its loss figure; the last few datagrams may arrive
+    # after TEST_END (not counted, as in iperf3) on a loaded machine.
+    assert sent["packets"] - 64 <= received["packets"] <= sent["packets"]
     assert 0 <= received["lost_packets"] <= received["packets"]
     assert 0 < received["bytes"] <= sent["bytes"]
     assert received["jitter_ms"] >= 0

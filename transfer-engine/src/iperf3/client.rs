@@ -537,10 +537,7 @@ fn report(
         session: cookie.as_str().to_string(),
         peer: addr.to_string(),
         started: crate::logline::rfc3339(started),
-        started_unix: started
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
-            .unwrap_or(0.0),
+        started_unix: crate::send_report::unix_millis(started),
         requested_seconds: match opts.payload {
             Payload::Memory(Amount::Seconds(s)) => Some(s),
             _ => None,
