@@ -215,7 +215,44 @@ def test_iperf3_client_udp(server):
 # ------------------------------------------------------------ many at once
 
 
+def start_exporter(server):
+    exporter = helpers.dist_dir() / "longhaul-exporter"
+    assert exporter.is_file(), f"{exporter} missing: run `make build`"
+    port = helpers.free_port()
+    proc = server.processes.start(
+        "exporter",
+        [
+            exporter,
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--engine.url=http://127.0.0.1:{server.stats}",
+            "--no-collector.tcp",
+            "--no-collector.raid",
+        ],
+    )
+    server.processes.wait_port(proc, port)
+    return port
+
+
+def exported_streams(port):
+    """{session: set of streams} of longhaul_stream_bytes_total, and the
+    sessions of longhaul_session_info, from one scrape."""
+    text = helpers.http_get(f"http://127.0.0.1:{port}/metrics")
+    streams, info = {}, set()
+    for line in text.splitlines():
+        if line.startswith(("longhaul_stream_bytes_total{", "longhaul_session_info{")):
+            labels = dict(
+                pair.split("=", 1) for pair in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
+            session = labels["session"].strip('"')
+            if line.startswith("longhaul_session_info"):
+                info.add(session)
+            else:
+                streams.setdefault(session, set()).add(labels["stream"].strip('"'))
+    return streams, info
+
+
 def test_16_iperf3_clients_at_once(server):
+    exporter = start_exporter(server)
     clients = [
         subprocess.Popen(
             [IPERF3, "-c", "127.0.0.1", "-p", str(server.port), "-J", "-t", "8", "-P", "2"],
@@ -238,6 +275,11 @@ def test_16_iperf3_clients_at_once(server):
 
         seen = helpers.wait_until(sixteen_running, 30, "16 running iperf3 sessions", 0.2)
         assert all(st["bytes"] >= 0 and st["local"] for s in seen for st in s["streams"])
+        # The exporter shows the same 16 sessions, each with its 2 streams.
+        streams, info = exported_streams(exporter)
+        for s in seen:
+            assert s["id"] in info, (s["id"], sorted(info))
+            assert len(streams.get(s["id"], ())) == 2, (s["id"], streams.get(s["id"]))
         outputs = [c.communicate(timeout=90) for c in clients]
     finally:
         for c in clients:
