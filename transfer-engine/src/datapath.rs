@@ -256,6 +256,10 @@ pub struct ModeReport {
     /// Messages mode: both ends' message counts, latencies, CPU per message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub messages: Option<Value>,
+    /// `--protocol iperf3`: both ends' iperf3 results blocks, the server's
+    /// own figures among them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iperf3: Option<Value>,
     /// Extra lines of the human summary, each starting with a newline.
     #[serde(skip)]
     pub human: String,

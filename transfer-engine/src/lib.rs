@@ -24,7 +24,9 @@
 //!    place a mode is chosen.
 //! 5. Ends: [`client`] (`send`) with its [`send_report`]; [`server`]
 //!    (`serve`) with its [`registry`] and [`stats_http`] (the stats API);
-//!    [`probe`] (ping/pong over the control connection).
+//!    [`probe`] (ping/pong over the control connection); [`iperf3`]
+//!    (iperf3's protocol: a server of many tests at once and a client),
+//!    beside the engine's own ends and on the same streams and registry.
 
 pub mod attach;
 pub mod auth;
@@ -36,6 +38,7 @@ pub mod datapath;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod iperf3;
 pub mod limits;
 pub mod logline;
 pub mod membench;

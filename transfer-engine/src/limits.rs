@@ -56,3 +56,44 @@ pub const DEFAULT_BUFFER: u64 = 2 << 20;
 
 /// Default duration of a memory-to-memory run, as iperf3.
 pub const DEFAULT_SECONDS: f64 = 10.0;
+
+// Admission of new connections on the control port and the iperf3 port
+// (docs/threat-model.md explains each value).
+
+/// From accept to the peer's proof of who it is (the token; an iperf3
+/// client's parameters and credentials), in total, however the bytes
+/// trickle in. A handshake is two round trips: 10 s covers a 1 s RTT path
+/// under load.
+pub const ADMISSION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Connections waiting for their first message (a Hello frame or an attach
+/// header). They cost a descriptor and at most ~1 KiB each in one epoll
+/// thread, so the pool is large: 4,096 of them are ~5 MiB.
+pub const WAITING_CAPACITY: usize = 4096;
+
+/// One source's share of the waiting pool: a whole 1024-stream session's
+/// data connections fit, with room to spare.
+pub const WAITING_PER_SOURCE: usize = 1024;
+
+/// Control connections between Hello and the token proof, each on a thread
+/// of its own (a real client spends a round trip here).
+pub const HANDSHAKING_CAPACITY: usize = 256;
+
+/// One source's share of the handshaking pool.
+pub const HANDSHAKING_PER_SOURCE: usize = 64;
+
+/// The admission pools and deadline of a listening port, from the limits
+/// above.
+pub fn admission_settings() -> longhaul_admission::Settings {
+    longhaul_admission::Settings {
+        waiting: longhaul_admission::Limits {
+            capacity: WAITING_CAPACITY,
+            per_source: WAITING_PER_SOURCE,
+        },
+        handshaking: longhaul_admission::Limits {
+            capacity: HANDSHAKING_CAPACITY,
+            per_source: HANDSHAKING_PER_SOURCE,
+        },
+        deadline: ADMISSION_DEADLINE,
+    }
+}

@@ -8,6 +8,10 @@
 //! session holds no socket and no worker state. The client's end of the
 //! streams is what it last reported over the control connection
 //! (`StreamsReport`, then its `Done`): listed with `peer_end: true`.
+//!
+//! iperf3 tests (`--iperf3-listen`) are sessions too, with `protocol:
+//! iperf3`; their UDP streams have no TCP socket and are listed from their
+//! counters alone ([`DatagramStream`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +39,40 @@ fn prune(sessions: &mut Vec<Arc<SessionEntry>>) {
     sessions.retain(|e| !matches!(e.lock().ended, Some(t) if t.elapsed() >= FINISHED_RETENTION));
 }
 
+/// A stream without a TCP socket (an iperf3 UDP stream): its live
+/// counters, which the stats API lists without TCP_INFO.
+#[derive(Debug)]
+pub struct DatagramStream {
+    pub id: u32,
+    /// What this end does on the stream.
+    pub role: Role,
+    pub bytes: AtomicU64,
+    pub datagrams: AtomicU64,
+}
+
+impl DatagramStream {
+    pub fn new(id: u32, role: Role) -> DatagramStream {
+        DatagramStream {
+            id,
+            role,
+            bytes: AtomicU64::new(0),
+            datagrams: AtomicU64::new(0),
+        }
+    }
+
+    fn to_api(&self) -> api::Stream {
+        api::Stream {
+            id: self.id,
+            direction: api_direction(self.role),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            tcp: None,
+            local: None,
+            peer: None,
+            peer_end: false,
+        }
+    }
+}
+
 /// One session as the stats API sees it.
 #[derive(Debug)]
 pub struct SessionEntry {
@@ -48,11 +86,14 @@ pub struct SessionEntry {
 
 #[derive(Debug)]
 struct EntryState {
+    protocol: api::Protocol,
     mode: api::Mode,
     direction: api::Direction,
     state: api::State,
     ended: Option<Instant>,
     streams: Vec<Arc<StreamStats>>,
+    /// Streams without a TCP socket (iperf3 UDP).
+    datagrams: Vec<Arc<DatagramStream>>,
     /// The streams' final counters, once the session ended.
     frozen: Option<Vec<api::Stream>>,
     /// The client's end of the streams, as it last reported them.
@@ -92,6 +133,18 @@ impl SessionEntry {
         s.streams = streams;
     }
 
+    /// Like [`SessionEntry::set_running`], for streams without a TCP socket.
+    pub fn set_running_datagrams(&self, streams: Vec<Arc<DatagramStream>>) {
+        let mut s = self.lock();
+        s.state = api::State::Running;
+        s.datagrams = streams;
+    }
+
+    /// The session speaks iperf3's protocol.
+    pub fn set_protocol(&self, protocol: api::Protocol) {
+        self.lock().protocol = protocol;
+    }
+
     /// The client's latest report of its streams replaces the previous one.
     pub fn set_peer_streams(&self, streams: Vec<StreamReport>) {
         self.lock().peer_streams = streams;
@@ -109,7 +162,12 @@ impl SessionEntry {
         let s = self.lock();
         let mut streams: Vec<api::Stream> = match &s.frozen {
             Some(f) => f.clone(),
-            None => s.streams.iter().map(|st| live_stream(st)).collect(),
+            None => s
+                .streams
+                .iter()
+                .map(|st| live_stream(st))
+                .chain(s.datagrams.iter().map(|d| d.to_api()))
+                .collect(),
         };
         // This end's totals: the client's own report is listed, not summed.
         let (mut sent, mut received) = (0, 0);
@@ -133,6 +191,7 @@ impl SessionEntry {
             id: self.id.clone(),
             peer: self.peer.clone(),
             peer_host: s.peer_host.clone(),
+            protocol: s.protocol,
             local: self.local.clone(),
             mode: s.mode,
             direction: s.direction,
@@ -199,11 +258,13 @@ impl Registry {
             local,
             started_unix: unix_now(),
             inner: Mutex::new(EntryState {
+                protocol: api::Protocol::Longhaul,
                 mode: api::Mode::Memory,
                 direction: api::Direction::Receive,
                 state: api::State::Handshake,
                 ended: None,
                 streams: Vec::new(),
+                datagrams: Vec::new(),
                 frozen: None,
                 peer_streams: Vec::new(),
                 peer_host: None,
@@ -233,9 +294,15 @@ impl Registry {
             st.sample();
         }
         // Freeze the counters and let go of the sockets and worker state.
-        let frozen = s.streams.iter().map(|st| live_stream(st)).collect();
+        let frozen = s
+            .streams
+            .iter()
+            .map(|st| live_stream(st))
+            .chain(s.datagrams.iter().map(|d| d.to_api()))
+            .collect();
         s.frozen = Some(frozen);
         s.streams = Vec::new();
+        s.datagrams = Vec::new();
     }
 
     /// Samples TCP_INFO of every running session's streams.

@@ -70,6 +70,13 @@ pub struct FinalReport {
     pub mode_report: ModeReport,
 }
 
+/// `started_unix`: Unix seconds with milliseconds.
+pub fn unix_millis(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
+        .unwrap_or(0.0)
+}
+
 impl FinalReport {
     /// Builds the client's final report from both ends' `Done`.
     pub fn from_outcome(
@@ -136,10 +143,7 @@ impl FinalReport {
             session,
             peer,
             started: crate::logline::rfc3339(started),
-            started_unix: started
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
-                .unwrap_or(0.0),
+            started_unix: unix_millis(started),
             requested_seconds: None,
             mode_report,
         }

@@ -3,7 +3,7 @@
 //! many sessions at once.
 //!
 //! Until a control connection has proven the token it lives in the
-//! admission pools, under one total deadline ([`ADMISSION_DEADLINE`]);
+//! admission pools, under one total deadline ([`crate::limits::ADMISSION_DEADLINE`]);
 //! only then does it take one of the `--max-sessions` slots. Data
 //! connections attach to a session on the admission thread. A silent,
 //! trickling or garbage-sending stranger therefore costs a descriptor and a
@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use longhaul_admission::{Arrival, Lobby, Protocol, Settings, Ticket};
+use longhaul_admission::{Arrival, Lobby, Protocol, Ticket};
 use longhaul_units::{format_bps, format_bytes};
 
 use crate::attach::{AttachHeader, ATTACH_LEN, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN};
@@ -27,7 +27,7 @@ use crate::auth::{random_bytes, to_hex, Token};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::handshake::{self, AuthPolicy, Proven, MAX_FIRST_MESSAGE};
-use crate::limits::{ATTACH_TIMEOUT, HANDSHAKE_TIMEOUT};
+use crate::limits::{admission_settings, ATTACH_TIMEOUT, HANDSHAKE_TIMEOUT};
 use crate::logline;
 use crate::messages::{AuthOk, Message, SessionAccepted, SessionRequest};
 use crate::planes::disk::claims::{Claimant, Claims, RootLock};
@@ -41,26 +41,6 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:7400";
 
 /// Default `--max-sessions`.
 pub const DEFAULT_MAX_SESSIONS: usize = 16;
-
-/// From accept to the token proof, in total, however the bytes trickle in.
-/// A handshake is two round trips: 10 s covers a 1 s RTT path under load.
-pub const ADMISSION_DEADLINE: Duration = Duration::from_secs(10);
-
-/// Connections waiting for their first message (a Hello frame or an attach
-/// header). They cost a descriptor and at most ~1 KiB each in one epoll
-/// thread, so the pool is large: 4,096 of them are ~5 MiB.
-pub const WAITING_CAPACITY: usize = 4096;
-
-/// One source's share of the waiting pool: a whole 1024-stream session's
-/// data connections fit, with room to spare.
-pub const WAITING_PER_SOURCE: usize = 1024;
-
-/// Control connections between Hello and the token proof, each on a thread
-/// of its own (a real client spends a round trip here).
-pub const HANDSHAKING_CAPACITY: usize = 256;
-
-/// One source's share of the handshaking pool.
-pub const HANDSHAKING_PER_SOURCE: usize = 64;
 
 /// How often the server refreshes TCP_INFO for the stats API.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -180,17 +160,7 @@ impl Server {
 
     /// Admits connections and serves sessions forever.
     pub fn run(self) -> Result<()> {
-        let settings = Settings {
-            waiting: longhaul_admission::Limits {
-                capacity: WAITING_CAPACITY,
-                per_source: WAITING_PER_SOURCE,
-            },
-            handshaking: longhaul_admission::Limits {
-                capacity: HANDSHAKING_CAPACITY,
-                per_source: HANDSHAKING_PER_SOURCE,
-            },
-            deadline: ADMISSION_DEADLINE,
-        };
+        let settings = admission_settings();
         let protocol = Arc::new(EngineProtocol {
             ctx: self.ctx.clone(),
         });

@@ -145,6 +145,51 @@ pub fn set_cc(sock: &impl AsRawFd, alg: &str) -> Result<()> {
     )))
 }
 
+/// The TCP congestion control a socket uses (TCP_CONGESTION).
+pub fn get_cc(sock: &impl AsRawFd) -> Option<String> {
+    let mut name = [0u8; 32];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: name/len describe a local buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    let text = &name[..(len as usize).min(name.len())];
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+    Some(String::from_utf8_lossy(&text[..end]).into_owned())
+}
+
+/// Sets TCP_MAXSEG (an MSS cap; on a connected socket it bounds what this
+/// end sends).
+pub fn set_mss(sock: &impl AsRawFd, mss: u32) -> Result<()> {
+    setsockopt(
+        sock,
+        libc::IPPROTO_TCP,
+        libc::TCP_MAXSEG,
+        &(mss as libc::c_int),
+    )
+    .map_err(|e| Error::io("setting TCP_MAXSEG", e))
+}
+
+/// Sets the IP TOS byte (IPv4) or traffic class (IPv6) of a socket.
+pub fn set_tos(sock: &impl AsRawFd, ipv6: bool, tos: u8) -> Result<()> {
+    let (level, name) = if ipv6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_TOS)
+    };
+    setsockopt(sock, level, name, &(tos as libc::c_int))
+        .map_err(|e| Error::io("setting the IP TOS byte", e))
+}
+
 /// Sets SO_MAX_PACING_RATE in bytes per second. TCP paces by itself when no
 /// fq qdisc is present (since Linux 4.13), so this works on our kernels too.
 pub fn set_max_pacing_rate(sock: &TcpStream, bytes_per_second: u64) -> Result<()> {

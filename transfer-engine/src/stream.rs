@@ -92,13 +92,18 @@ impl StreamStats {
             .wrapping_add(sockopt::tcp_progress(&*self.socket).unwrap_or(0))
     }
 
+    /// Runs the stream's task again soon (it looks at its stop flag).
+    pub fn wake(&self) {
+        if let Some(w) = self.waker.get() {
+            w.wake();
+        }
+    }
+
     /// Ends the stream when the session fails: its socket is shut down
     /// and its task woken, whatever it waits for.
     pub fn abort(&self) {
         let _ = self.socket.shutdown(Shutdown::Both);
-        if let Some(w) = self.waker.get() {
-            w.wake();
-        }
+        self.wake();
     }
 }
 

@@ -58,6 +58,16 @@ pub enum Direction {
     Bidir,
 }
 
+/// The protocol a session speaks: longhaul's own, or iperf3's (`longhaul
+/// serve --iperf3-listen`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Longhaul,
+    Iperf3,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
@@ -77,6 +87,9 @@ pub struct Session {
     /// own); absent when the peer did not say.
     #[serde(default)]
     pub peer_host: Option<String>,
+    /// `longhaul` or `iperf3`; absent (older engines) means `longhaul`.
+    #[serde(default)]
+    pub protocol: Protocol,
     /// This engine's end of the control connection, "IP:PORT" (added in
     /// v1; absent from older engines). With each stream's `local`/`peer`
     /// it lists every socket of the session, so the exporter's `tcp`
@@ -181,6 +194,7 @@ mod tests {
         let snap: Snapshot = serde_json::from_str(text).unwrap();
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());
+        assert_eq!(snap.sessions[0].protocol, Protocol::Longhaul);
         assert_eq!(
             snap.sessions[0].local, None,
             "an older engine lists no addresses"

@@ -13,6 +13,8 @@ use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use longhaul_engine::auth::Token;
 use longhaul_engine::client::SendOptions;
+use longhaul_engine::iperf3::auth::{ServerAuth, DEFAULT_SKEW as AUTH_SKEW};
+use longhaul_engine::iperf3::server::Iperf3Options;
 use longhaul_engine::limits::MAX_STREAMS;
 use longhaul_engine::messages::Direction;
 use longhaul_engine::planes::disk::plane::MAX_IO_WORKERS_PER_DEVICE;
@@ -127,6 +129,22 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_SESSIONS as u64))]
     pub max_sessions: usize,
+    /// Also speak iperf3's protocol on this address (TCP and UDP; iperf3's
+    /// port is 5201): iperf3 clients run tests here, many at once
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub iperf3_listen: Option<String>,
+    /// iperf3 tests run at once; more are refused as busy
+    #[arg(long, value_name = "N", default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_TESTS,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub iperf3_max_tests: usize,
+    /// iperf3 authentication: the server's RSA private key (PEM), as
+    /// iperf3's --rsa-private-key-path
+    #[arg(long, value_name = "F", requires = "iperf3_authorized_users_path")]
+    pub iperf3_rsa_private_key_path: Option<PathBuf>,
+    /// iperf3 authentication: the users file (user,sha256 lines), as
+    /// iperf3's --authorized-users-path
+    #[arg(long, value_name = "F", requires = "iperf3_rsa_private_key_path")]
+    pub iperf3_authorized_users_path: Option<PathBuf>,
     #[command(flatten)]
     pub workers: WorkerArgs,
 }
@@ -226,6 +244,17 @@ pub struct SendArgs {
     /// Follow symlinks while walking the PATHs
     #[arg(long)]
     pub follow_symlinks: bool,
+    /// The server's protocol: longhaul's own, or iperf3's (any iperf3
+    /// server; memory mode, up to 128 streams)
+    #[arg(long, value_enum, default_value_t = WireProtocol::Longhaul)]
+    pub protocol: WireProtocol,
+}
+
+/// What `send --protocol` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WireProtocol {
+    Longhaul,
+    Iperf3,
 }
 
 #[derive(Debug, Args)]
@@ -395,6 +424,22 @@ fn usage_error(sub: &str, kind: ErrorKind, message: impl std::fmt::Display) -> c
 }
 
 impl ServeArgs {
+    /// `--iperf3-listen` and its companions; None without it.
+    pub fn iperf3_options(&self) -> longhaul_engine::Result<Option<Iperf3Options>> {
+        let Some(listen) = &self.iperf3_listen else {
+            return Ok(None);
+        };
+        let mut opts = Iperf3Options::new(listen.clone());
+        opts.max_tests = self.iperf3_max_tests;
+        if let (Some(key), Some(users)) = (
+            &self.iperf3_rsa_private_key_path,
+            &self.iperf3_authorized_users_path,
+        ) {
+            opts.auth = Some(ServerAuth::load(key, users, AUTH_SKEW)?);
+        }
+        Ok(Some(opts))
+    }
+
     pub fn options(self) -> ServeOptions {
         ServeOptions {
             listen: self.listen,

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use longhaul::args::{Cli, Command};
 use longhaul::send_display;
+use longhaul_engine::iperf3::server::Iperf3Server;
 use longhaul_engine::server::Server;
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -26,6 +27,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve(args) => {
             args.workers.apply("serve")?;
+            let iperf3 = args.iperf3_options()?;
             let server = Server::bind(args.options())?;
             writeln!(
                 out,
@@ -33,6 +35,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.local_addr(),
                 server.stats_addr()
             )?;
+            if let Some(opts) = iperf3 {
+                let iperf3 = Iperf3Server::bind(opts, server.registry())?;
+                writeln!(out, "iperf3 on {}", iperf3.local_addr())?;
+                iperf3.spawn()?;
+            }
             out.flush()?;
             drop(out);
             server.run()?;

@@ -20,7 +20,7 @@ use longhaul_engine::planes::Amount;
 use longhaul_engine::send_report::{FinalReport, IntervalTracker};
 use longhaul_units::{format_bps, format_bytes};
 
-use crate::args::{GetArgs, RunArgs, SendArgs};
+use crate::args::{GetArgs, RunArgs, SendArgs, WireProtocol};
 
 /// Interval of the lines when `--interval` is not given.
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -108,6 +108,7 @@ pub fn send(args: &SendArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Res
         &args.run,
         &args.options()?,
         args.bytes_total(),
+        args.protocol,
         out,
         terminal,
     )
@@ -115,13 +116,21 @@ pub fn send(args: &SendArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Res
 
 /// Runs `get` with `args`, like [`send`].
 pub fn get(args: &GetArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Result<()> {
-    run(&args.run, &args.options()?, None, out, terminal)
+    run(
+        &args.run,
+        &args.options()?,
+        None,
+        WireProtocol::Longhaul,
+        out,
+        terminal,
+    )
 }
 
 fn run(
     args: &RunArgs,
     opts: &SendOptions,
     bytes_total: Option<u64>,
+    protocol: WireProtocol,
     out: &mut dyn Write,
     terminal: bool,
 ) -> anyhow::Result<()> {
@@ -137,7 +146,10 @@ fn run(
         every,
         tick: &mut tick,
     });
-    let report = client::run(opts, watch);
+    let report = match protocol {
+        WireProtocol::Longhaul => client::run(opts, watch),
+        WireProtocol::Iperf3 => longhaul_engine::iperf3::client::run(opts, watch),
+    };
     if let Display::Bar { bar, .. } = &display {
         bar.finish_and_clear();
     }

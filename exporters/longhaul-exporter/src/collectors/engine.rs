@@ -289,6 +289,7 @@ mod tests {
                 peer: "10.0.0.2:40000".into(),
                 peer_host: Some("xfer-a".into()),
                 local: Some("10.0.0.1:7400".into()),
+                protocol: longhaul_stats_api::Protocol::Longhaul,
                 mode: Mode::Disk,
                 direction: Direction::Receive,
                 state: State::Running,

@@ -732,7 +732,7 @@ fn mode_report(sender: Option<&Value>, receiver: Option<&Value>) -> ModeReport {
         human: human_lines(&files, &devices),
         files: Some(files),
         devices: Some(devices),
-        messages: None,
+        ..ModeReport::default()
     }
 }
 

@@ -1,0 +1,683 @@
+"""`longhaul serve --iperf3-listen` against Debian's iperf3 client (issue 22),
+on loopback with the release binaries ($LONGHAUL_DIST, `make build`).
+
+* every test shape of the issue (`-P 1/8/128`, `-R`, `--bidir`, `-n 1G`,
+  `-w 2M`, `-C cubic`, `-u -b 1G`), each with `-J`: exit 0, and the sender
+  and receiver sums present and consistent (equal bytes where longhaul
+  receives; where the iperf3 client receives it stops reading at TEST_END,
+  as against iperf3's own server, so it may count a little less);
+* 16 clients at once: all exit 0, and the stats API lists 16 running iperf3
+  sessions with their streams meanwhile;
+* hostile input on the iperf3 port: random bytes, a wrong cookie on a data
+  connection, a 1 GiB parameter length, truncated JSON, a client vanishing
+  in every protocol state, 300 silent connections held past the admission
+  deadline; after each a real client succeeds and the server's memory stays
+  bounded;
+* iperf3 authentication: the right user and key succeed, a wrong password
+  and an unknown user are refused with iperf3's own error text.
+"""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+import helpers
+import hostile
+
+LONGHAUL = helpers.dist_dir() / "longhaul"
+IPERF3 = "/usr/bin/iperf3"
+
+# iperf3's state bytes (signed chars on the wire).
+TEST_START, TEST_RUNNING, TEST_END = 1, 2, 4
+PARAM_EXCHANGE, CREATE_STREAMS = 9, 10
+EXCHANGE_RESULTS, DISPLAY_RESULTS, IPERF_DONE = 13, 14, 16
+SERVER_ERROR = 0xFE  # -2
+
+# Longer than the engine's 10 s admission deadline.
+HOLD_S = 12.0
+# The server's resident memory after any hostile input.
+MAX_RSS_MIB = 256
+
+
+def need_binaries():
+    assert LONGHAUL.is_file(), f"{LONGHAUL} missing: run `make build` or set LONGHAUL_DIST"
+    if not os.access(IPERF3, os.X_OK):
+        helpers.cannot_run(f"{IPERF3} is missing (Debian package iperf3)")
+
+
+def start_server(processes, name, *extra):
+    need_binaries()
+    control, stats, iperf3 = helpers.free_port(), helpers.free_port(), helpers.free_port()
+    proc = processes.start(
+        name,
+        [
+            LONGHAUL,
+            "serve",
+            "--listen",
+            f"127.0.0.1:{control}",
+            "--stats-listen",
+            f"127.0.0.1:{stats}",
+            "--iperf3-listen",
+            f"127.0.0.1:{iperf3}",
+            *extra,
+        ],
+    )
+    processes.wait_port(proc, iperf3)
+    processes.wait_port(proc, stats)
+    return SimpleNamespace(proc=proc, port=iperf3, stats=stats, name=name, processes=processes)
+
+
+@pytest.fixture(scope="module")
+def server(module_processes):
+    return start_server(module_processes, "serve-iperf3", "--iperf3-max-tests", "32")
+
+
+def run_iperf3(port, *args, timeout=120, env=None):
+    """Runs Debian's client with -J; returns (exit code, parsed JSON, stderr)."""
+    result = subprocess.run(
+        [IPERF3, "-c", "127.0.0.1", "-p", str(port), "-J", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        data = json.loads(result.stdout)
+    except ValueError:
+        data = None
+    return result.returncode, data, result.stderr
+
+
+def iperf3_ok(server, *args, timeout=120):
+    rc, data, stderr = run_iperf3(server.port, *args, timeout=timeout)
+    assert rc == 0 and data is not None and "error" not in data, (
+        f"iperf3 {args}: exit {rc}, error {data and data.get('error')}, stderr {stderr}\n"
+        f"server log:\n{server.processes.log(server.name)[-4000:]}"
+    )
+    return data
+
+
+def check_tcp_sums(end, sent_key, received_key, longhaul_receives, streams):
+    sent = end[sent_key]["bytes"]
+    received = end[received_key]["bytes"]
+    assert sent > 0 and received > 0, (sent_key, sent, received_key, received)
+    if longhaul_receives:
+        assert received == sent, f"{received_key} {received} != {sent_key} {sent}"
+    else:
+        # What was in flight when the client stopped reading at TEST_END.
+        slack = max(sent // 10, streams * (8 << 20))
+        assert sent - slack <= received <= sent, f"{received_key} {received} vs {sent_key} {sent}"
+
+
+def listening(port):
+    """Whether a socket listens on TCP `port` (IPv4 or IPv6), from /proc."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in lines.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+def rss_mib(proc):
+    with open(f"/proc/{proc.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def sessions(server):
+    return helpers.get_json(f"http://127.0.0.1:{server.stats}/v1/sessions")["sessions"]
+
+
+def still_serves(server):
+    """A real client succeeds, and the server's memory is bounded."""
+    server.processes.check_running(server.proc)
+    data = iperf3_ok(server, "-t", 1, "-P", 2)
+    check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 2)
+    assert rss_mib(server.proc) < MAX_RSS_MIB
+
+
+# ------------------------------------------------------------ test shapes
+
+TCP_SHAPES = [
+    pytest.param(["-P", 1], id="P1"),
+    pytest.param(["-P", 8], id="P8"),
+    pytest.param(["-P", 128], id="P128"),
+    pytest.param(["-R"], id="reverse"),
+    pytest.param(["--bidir"], id="bidir"),
+    pytest.param(["-w", "2M"], id="window-2M"),
+    pytest.param(["-C", "cubic"], id="cc-cubic"),
+    pytest.param(["-Z"], id="zerocopy"),
+    pytest.param(["-M", "1400"], id="mss-1400"),
+    pytest.param(["--get-server-output"], id="server-output"),
+]
+
+
+@pytest.mark.parametrize("args", TCP_SHAPES)
+def test_iperf3_client_tcp_shapes(server, args):
+    data = iperf3_ok(server, "-t", 2, *args)
+    end = data["end"]
+    streams = int(args[1]) if args[0] == "-P" else 1
+    reverse = "-R" in args
+    assert len(end["streams"]) == streams * (2 if "--bidir" in args else 1)
+    check_tcp_sums(end, "sum_sent", "sum_received", not reverse, streams)
+    if "--bidir" in args:
+        check_tcp_sums(end, "sum_sent_bidir_reverse", "sum_received_bidir_reverse", False, 1)
+    if "--get-server-output" in args:
+        assert "longhaul" in data["server_output_text"], data.get("server_output_text")
+    if "-C" in args:
+        assert end["sender_tcp_congestion"] == "cubic"
+        assert end["receiver_tcp_congestion"] == "cubic"
+
+
+def test_iperf3_client_bytes_limit(server):
+    data = iperf3_ok(server, "-n", "1G")
+    end = data["end"]
+    assert end["sum_sent"]["bytes"] == 1 << 30
+    assert end["sum_received"]["bytes"] == 1 << 30
+
+
+def test_iperf3_client_blocks_limit(server):
+    data = iperf3_ok(server, "-k", 2000)
+    end = data["end"]
+    assert end["sum_sent"]["bytes"] == end["sum_received"]["bytes"] == 2000 * 131072
+
+
+def test_unsupported_option_is_refused_with_iperf3s_error(server):
+    _, data, _ = run_iperf3(server.port, "-t", 1, "-L", 5)
+    assert data["error"] == "an option you are trying to set is not implemented yet"
+    still_serves(server)
+
+
+def test_iperf3_client_udp(server):
+    data = iperf3_ok(server, "-t", 2, "-u", "-b", "1G")
+    sent, received = data["end"]["sum_sent"], data["end"]["sum_received"]
+    assert sent["packets"] > 1000 and sent["bytes"] > 0
+    # The receiver counts up to the highest sequence number it saw: what it
+    # missed below it is its loss figure; the last few datagrams may arrive
+    # after TEST_END (not counted, as in iperf3) on a loaded machine.
+    assert sent["packets"] - 64 <= received["packets"] <= sent["packets"]
+    assert 0 <= received["lost_packets"] <= received["packets"]
+    assert 0 < received["bytes"] <= sent["bytes"]
+    assert received["jitter_ms"] >= 0
+
+
+# ------------------------------------------------------------ many at once
+
+
+def start_exporter(server):
+    exporter = helpers.dist_dir() / "longhaul-exporter"
+    assert exporter.is_file(), f"{exporter} missing: run `make build`"
+    port = helpers.free_port()
+    proc = server.processes.start(
+        "exporter",
+        [
+            exporter,
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--engine.url=http://127.0.0.1:{server.stats}",
+            "--no-collector.tcp",
+            "--no-collector.raid",
+        ],
+    )
+    server.processes.wait_port(proc, port)
+    return port
+
+
+def exported_streams(port):
+    """{session: set of streams} of longhaul_stream_bytes_total, and the
+    sessions of longhaul_session_info, from one scrape."""
+    text = helpers.http_get(f"http://127.0.0.1:{port}/metrics")
+    streams, info = {}, set()
+    for line in text.splitlines():
+        if line.startswith(("longhaul_stream_bytes_total{", "longhaul_session_info{")):
+            labels = dict(
+                pair.split("=", 1) for pair in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
+            session = labels["session"].strip('"')
+            if line.startswith("longhaul_session_info"):
+                info.add(session)
+            else:
+                streams.setdefault(session, set()).add(labels["stream"].strip('"'))
+    return streams, info
+
+
+def test_16_iperf3_clients_at_once(server):
+    exporter = start_exporter(server)
+    clients = [
+        subprocess.Popen(
+            [IPERF3, "-c", "127.0.0.1", "-p", str(server.port), "-J", "-t", "8", "-P", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(16)
+    ]
+    try:
+
+        def sixteen_running():
+            running = [
+                s
+                for s in sessions(server)
+                if s["protocol"] == "iperf3" and s["state"] == "running"
+            ]
+            with_streams = [s for s in running if len(s["streams"]) == 2]
+            return len(with_streams) == 16 and running
+
+        seen = helpers.wait_until(sixteen_running, 30, "16 running iperf3 sessions", 0.2)
+        assert all(st["bytes"] >= 0 and st["local"] for s in seen for st in s["streams"])
+        # The exporter shows the same 16 sessions, each with its 2 streams.
+        streams, info = exported_streams(exporter)
+        for s in seen:
+            assert s["id"] in info, (s["id"], sorted(info))
+            assert len(streams.get(s["id"], ())) == 2, (s["id"], streams.get(s["id"]))
+        outputs = [c.communicate(timeout=90) for c in clients]
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+    for c, (out, err) in zip(clients, outputs):
+        data = json.loads(out)
+        assert c.returncode == 0 and "error" not in data, (c.returncode, data.get("error"), err)
+        check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 2)
+
+
+# ------------------------------------------------------------ hostile input
+
+
+def connect(server, timeout=15.0):
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    s.settimeout(timeout)
+    return s
+
+
+def new_cookie():
+    return uuid.uuid4().hex[:36].ljust(36, "x").encode() + b"\0"
+
+
+def recv_exact(s, n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def closed_by_server(s, within):
+    """True when the server closes `s` (EOF or reset) within `within` s;
+    whatever it says first is read and dropped."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            if not s.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+    return False
+
+
+def send_block(s, obj):
+    body = json.dumps(obj).encode()
+    s.sendall(struct.pack(">I", len(body)) + body)
+
+
+def read_block(s):
+    (n,) = struct.unpack(">I", recv_exact(s, 4))
+    return json.loads(recv_exact(s, n))
+
+
+def params(seconds=2, parallel=1):
+    return {
+        "tcp": True,
+        "omit": 0,
+        "time": seconds,
+        "num": 0,
+        "blockcount": 0,
+        "parallel": parallel,
+        "len": 131072,
+        "pacing_timer": 1000,
+        "client_version": "3.12",
+    }
+
+
+def test_random_bytes(server):
+    for first in (b"\x00", b"A"):  # not a cookie at once, and later
+        s = connect(server)
+        s.sendall(first + os.urandom(64 << 10))
+        assert closed_by_server(s, HOLD_S + 5), "random bytes: the server kept the connection"
+        s.close()
+    still_serves(server)
+
+
+def test_wrong_cookie_on_a_data_connection(server):
+    cookie = new_cookie()
+    control = connect(server)
+    control.sendall(cookie)
+    assert recv_exact(control, 1)[0] == PARAM_EXCHANGE
+    send_block(control, params())
+    assert recv_exact(control, 1)[0] == CREATE_STREAMS
+    # A data connection with a cookie of no test is not one of this test's
+    # streams: the server takes it for a new test's control connection.
+    wrong = connect(server)
+    wrong.sendall(new_cookie())
+    assert recv_exact(wrong, 1)[0] == PARAM_EXCHANGE
+    # The test still waits for its one stream: the right cookie starts it.
+    data = connect(server)
+    data.sendall(cookie)
+    assert recv_exact(control, 1)[0] == TEST_START
+    assert recv_exact(control, 1)[0] == TEST_RUNNING
+    # A second stream with the right cookie is one too many.
+    extra = connect(server)
+    extra.sendall(cookie)
+    assert closed_by_server(extra, 15), "a stream beyond the test's count was kept"
+    for s in (wrong, data, extra, control):
+        s.close()
+    still_serves(server)
+
+
+def test_parameter_block_of_1_gib(server):
+    before = rss_mib(server.proc)
+    s = connect(server)
+    s.sendall(new_cookie())
+    assert recv_exact(s, 1)[0] == PARAM_EXCHANGE
+    s.sendall(struct.pack(">I", 1 << 30) + b'{"tcp":true' + b" " * 65536)
+    # iperf3's SERVER_ERROR state, then the error code and errno.
+    answer = b""
+    try:
+        while len(answer) < 9:
+            chunk = s.recv(9 - len(answer))
+            if not chunk:
+                break
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    s.close()
+    assert answer[:1] == bytes([SERVER_ERROR]), answer
+    assert rss_mib(server.proc) < before + 32
+    still_serves(server)
+
+
+def test_truncated_json(server):
+    # The length promises more than comes, and the client stops sending.
+    s = connect(server)
+    s.sendall(new_cookie())
+    assert recv_exact(s, 1)[0] == PARAM_EXCHANGE
+    body = json.dumps(params()).encode()
+    s.sendall(struct.pack(">I", len(body)) + body[: len(body) // 2])
+    s.shutdown(socket.SHUT_WR)
+    assert closed_by_server(s, 5), "truncated parameters: the connection stayed open"
+    s.close()
+    # The length matches, the JSON inside is cut short.
+    s = connect(server)
+    s.sendall(new_cookie())
+    assert recv_exact(s, 1)[0] == PARAM_EXCHANGE
+    cut = body[: len(body) // 2]
+    s.sendall(struct.pack(">I", len(cut)) + cut)
+    assert recv_exact(s, 1)[0] == SERVER_ERROR
+    assert closed_by_server(s, 5)
+    s.close()
+    # The length is right and then nothing more: cut at the deadline.
+    s = connect(server)
+    s.sendall(new_cookie())
+    assert recv_exact(s, 1)[0] == PARAM_EXCHANGE
+    s.sendall(struct.pack(">I", len(body)) + body[:10])
+    assert closed_by_server(s, HOLD_S + 5), "stalled parameters outlived the deadline"
+    s.close()
+    still_serves(server)
+
+
+class HandClient:
+    """iperf3's client side of a 1-stream TCP test, step by step, so a test
+    can vanish after any of them."""
+
+    STEPS = [
+        "connected",
+        "cookie",
+        "params",
+        "streams",
+        "running",
+        "test_end",
+        "results",
+    ]
+
+    def __init__(self, server):
+        self.server = server
+        self.cookie = new_cookie()
+        self.sockets = []
+
+    def run_until(self, step):
+        for done in self.STEPS:
+            getattr(self, "_" + done)()
+            if done == step:
+                return
+
+    def _connected(self):
+        self.control = connect(self.server)
+        self.sockets.append(self.control)
+
+    def _cookie(self):
+        self.control.sendall(self.cookie)
+        assert recv_exact(self.control, 1)[0] == PARAM_EXCHANGE
+
+    def _params(self):
+        send_block(self.control, params(seconds=30))
+        assert recv_exact(self.control, 1)[0] == CREATE_STREAMS
+
+    def _streams(self):
+        self.data = connect(self.server)
+        self.sockets.append(self.data)
+        self.data.sendall(self.cookie)
+        assert recv_exact(self.control, 1)[0] == TEST_START
+        assert recv_exact(self.control, 1)[0] == TEST_RUNNING
+
+    def _running(self):
+        self.sent = 0
+        chunk = b"\x5a" * (128 << 10)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            self.data.sendall(chunk)
+            self.sent += len(chunk)
+
+    def _test_end(self):
+        self.control.sendall(bytes([TEST_END]))
+        assert recv_exact(self.control, 1)[0] == EXCHANGE_RESULTS
+
+    def _results(self):
+        send_block(
+            self.control,
+            {
+                "cpu_util_total": 1.0,
+                "cpu_util_user": 0.5,
+                "cpu_util_system": 0.5,
+                "sender_has_retransmits": 1,
+                "streams": [
+                    {
+                        "id": 1,
+                        "bytes": self.sent,
+                        "retransmits": 0,
+                        "jitter": 0,
+                        "errors": 0,
+                        "packets": 0,
+                        "start_time": 0,
+                        "end_time": 1.0,
+                    }
+                ],
+            },
+        )
+        theirs = read_block(self.control)
+        assert theirs["streams"][0]["bytes"] == self.sent
+        assert recv_exact(self.control, 1)[0] == DISPLAY_RESULTS
+
+    def vanish(self):
+        for s in self.sockets:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+
+
+@pytest.mark.parametrize("step", HandClient.STEPS)
+def test_client_vanishes(server, step):
+    client = HandClient(server)
+    client.run_until(step)
+    local = client.control.getsockname()
+    client.vanish()
+    peer = f"{local[0]}:{local[1]}"
+
+    def ended():
+        mine = [s for s in sessions(server) if s["peer"] == peer]
+        return all(s["state"] in ("finished", "failed") for s in mine)
+
+    # The session (if it got that far) ends: no test is left running.
+    helpers.wait_until(ended, 30, f"the test of a client gone after {step} to end", 0.2)
+    still_serves(server)
+
+
+def test_300_silent_connections(server):
+    with hostile.Crowd(server.port, silent=300) as crowd:
+        time.sleep(1.0)
+        started = time.monotonic()
+        # While they wait, and after they outlived the deadline, real tests run.
+        still_serves(server)
+        time.sleep(max(0.0, started + HOLD_S - time.monotonic()))
+        still_serves(server)
+        # On a loaded machine the crowd notices late: one more deadline.
+        cut_by = time.monotonic() + 10.0
+        while crowd.reopened < 300 and time.monotonic() < cut_by:
+            time.sleep(0.2)
+        assert crowd.reopened >= 300, f"the silent connections were never cut ({crowd.reopened})"
+    still_serves(server)
+
+
+# ------------------------------------------------------------ authentication
+
+
+@pytest.fixture(scope="module")
+def auth_server(module_processes, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("iperf3-keys")
+    private, public = keys / "private.pem", keys / "public.pem"
+    subprocess.run(
+        ["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True
+    )
+    subprocess.run(
+        ["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)],
+        check=True,
+        capture_output=True,
+    )
+    import hashlib
+
+    users = keys / "users.csv"
+    digest = hashlib.sha256(b"{alice}s3cret").hexdigest()
+    users.write_text(f"# user,sha256 of {{user}}password\nalice,{digest}\n")
+    srv = start_server(
+        module_processes,
+        "serve-iperf3-auth",
+        "--iperf3-rsa-private-key-path",
+        private,
+        "--iperf3-authorized-users-path",
+        users,
+    )
+    srv.public_key = public
+    return srv
+
+
+def authenticated(server, user, password):
+    return run_iperf3(
+        server.port,
+        "-t",
+        1,
+        "--username",
+        user,
+        "--rsa-public-key-path",
+        server.public_key,
+        env={"IPERF3_PASSWORD": password},
+    )
+
+
+def test_iperf3_authentication(auth_server):
+    rc, data, stderr = authenticated(auth_server, "alice", "s3cret")
+    assert rc == 0 and "error" not in data, (rc, data and data.get("error"), stderr)
+    check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 1)
+    for user, password in (("alice", "wrong"), ("mallory", "s3cret")):
+        # iperf3 3.12 exits 0 with -J even when the server refuses (so it
+        # does against its own server): the JSON's error says it.
+        _, data, _ = authenticated(auth_server, user, password)
+        assert data["error"] == "test authorization failed", data.get("error")
+        plain = subprocess.run(
+            [
+                IPERF3,
+                "-c",
+                "127.0.0.1",
+                "-p",
+                str(auth_server.port),
+                "-t",
+                "1",
+                "--username",
+                user,
+                "--rsa-public-key-path",
+                str(auth_server.public_key),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "IPERF3_PASSWORD": password},
+        )
+        assert plain.returncode != 0
+        assert "error - test authorization failed" in plain.stdout + plain.stderr
+    # Without credentials at all.
+    _, data, _ = run_iperf3(auth_server.port, "-t", 1)
+    assert data["error"] == "test authorization failed", data.get("error")
+    log = auth_server.processes.log(auth_server.name)
+    assert "user alice: unknown, or the password does not match" in log, log
+    # Still open to the right user after the refusals.
+    rc, data, stderr = authenticated(auth_server, "alice", "s3cret")
+    assert rc == 0 and "error" not in data, (rc, data and data.get("error"), stderr)
+
+
+# ------------------------------------------------------------ longhaul as the client
+
+
+@pytest.mark.parametrize("direction", [[], ["--reverse"], ["--bidir"]], ids=["forward", "reverse", "bidir"])
+def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
+    need_binaries()
+    port = helpers.free_port()
+    iperf3 = processes.start("iperf3-s", [IPERF3, "-s", "-1", "-J", "-p", port])
+    # Not by connecting: `-s -1` would take that for its one test.
+    helpers.wait_until(lambda: listening(port), 10, f"iperf3 -s on port {port}", 0.1)
+    processes.check_running(iperf3)
+    result = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{port}"]
+        + ["--time", "2", "--streams", "2", "--json", *direction],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    iperf3.wait(timeout=30)
+    end = json.loads(processes.log("iperf3-s"))["end"]
+
+    def server(key):
+        return end.get(key, {}).get("bytes", 0) + end.get(key + "_bidir_reverse", {}).get("bytes", 0)
+
+    assert ours["bytes"] == ours["bytes_sent"] + ours["bytes_received"] > 0
+    for mine, theirs in ((ours["bytes_sent"], server("sum_received")), (ours["bytes_received"], server("sum_sent"))):
+        assert abs(mine - theirs) <= theirs / 100, (ours, end)
+    if direction != ["--reverse"]:
+        assert ours["bytes_sent"] > 0
+    if direction:
+        assert ours["bytes_received"] > 0
+    assert ours["iperf3"]["server"]["streams"], ours["iperf3"]

@@ -1,0 +1,588 @@
+//! `longhaul send --protocol iperf3`: longhaul as an iperf3 client against
+//! any iperf3 server (a perfSONAR node, a public server, `iperf3 -s`, or
+//! `longhaul serve --iperf3-listen`), memory to memory over TCP.
+//!
+//! It speaks as iperf3 3.12 does: cookie, parameters, data connections
+//! one after the other (a bidirectional test's client-to-server streams
+//! first), `TEST_END` when the time is up or the bytes are sent (or, when
+//! receiving, arrived), results exchanged, `IPERF_DONE`. The streams are
+//! the engine's, with their TCP_INFO; the final report is longhaul's
+//! (DESIGN.md's fields) plus both results blocks under `iperf3`, so the
+//! server's own figures are in the JSON. Each stream's `bytes` is what its
+//! receiver counted: the server's figure for streams we send, ours for
+//! streams we receive.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::client::{Live, SendOptions, Watch};
+use crate::connection;
+use crate::cpu::CpuSnapshot;
+use crate::datapath::ModeReport;
+use crate::error::{Error, Result};
+use crate::limits::{DATA_SOCKET_TIMEOUT, HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
+use crate::messages::{CpuReport, Direction, Mode, Role};
+use crate::planes::memory::MemoryPlane;
+use crate::planes::{Amount, Payload};
+use crate::send_report::{CpuPair, FinalReport, StreamResult as ReportStream};
+use crate::session::{self, Side};
+use crate::sockopt;
+
+use super::control::{self, Heard};
+use super::params::{Params, Transport, DEFAULT_TCP_BLOCK, MAX_PARALLEL};
+use super::results::Results;
+use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestStreams};
+use super::wire::{Cookie, ErrorCode, State};
+
+/// How often TCP_INFO is sampled when nobody watches.
+const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+
+/// After `TEST_END`, our receiving streams wait this long at most for the
+/// server to close them (an iperf3 server closes its streams at once).
+const DRAIN_MAX: Duration = Duration::from_secs(10);
+
+/// ... or until our receiving streams moved nothing for this long.
+const DRAIN_QUIET: Duration = Duration::from_millis(500);
+
+/// How often the drain looks at the counters.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+enum Event {
+    Control(Heard),
+    Ended(StreamEnd),
+}
+
+/// The engine's error for an iperf3 server's refusal.
+fn refusal(code: ErrorCode) -> Error {
+    let text = format!("the iperf3 server says: {}", code.text());
+    match code {
+        ErrorCode::AuthTest => Error::Auth(text),
+        ErrorCode::AccessDenied => Error::Busy(text),
+        _ => Error::Refused(text),
+    }
+}
+
+/// Checks that the options make an iperf3 test.
+fn check(opts: &SendOptions) -> Result<u64> {
+    let amount = match &opts.payload {
+        Payload::Memory(a) => *a,
+        _ => {
+            return Err(Error::Usage(
+                "--protocol iperf3 runs memory to memory: no PATHs or messages".into(),
+            ))
+        }
+    };
+    if opts.token.is_some() {
+        return Err(Error::Usage(
+            "--token-file is longhaul's own authentication; iperf3 servers take none here".into(),
+        ));
+    }
+    if opts.streams == 0 || opts.streams > MAX_PARALLEL {
+        return Err(Error::Usage(format!(
+            "--protocol iperf3 allows 1 to {MAX_PARALLEL} streams (iperf3's limit), got {}",
+            opts.streams
+        )));
+    }
+    if let Some(cc) = &opts.cc {
+        sockopt::check_cc(cc)?;
+    }
+    Ok(match amount {
+        Amount::Bytes(b) => b,
+        Amount::Seconds(_) => 0,
+    })
+}
+
+/// The parameter block of these options.
+fn params(opts: &SendOptions) -> Params {
+    let (time, bytes) = match &opts.payload {
+        Payload::Memory(Amount::Bytes(b)) => (0, *b),
+        Payload::Memory(Amount::Seconds(s)) => (s.ceil().max(1.0) as u64, 0),
+        _ => (0, 0),
+    };
+    Params {
+        transport: Transport::Tcp,
+        time,
+        bytes,
+        parallel: opts.streams,
+        reverse: opts.direction == Direction::Receive,
+        bidirectional: opts.direction == Direction::Bidir,
+        window: opts.buffer,
+        len: DEFAULT_TCP_BLOCK,
+        bandwidth: opts
+            .rate_bps
+            .map_or(0, |r| (r / opts.streams as u64).max(1)),
+        congestion: opts.cc.clone(),
+        ..Params::default()
+    }
+}
+
+/// Reads a state byte before the reader thread runs; iperf3's refusals
+/// become errors.
+fn read_state(ctrl: &TcpStream) -> Result<State> {
+    let mut b = [0u8; 1];
+    (&*ctrl)
+        .read_exact(&mut b)
+        .map_err(|e| Error::io("reading the iperf3 server's state", e))?;
+    match State::from_byte(b[0]) {
+        Some(State::AccessDenied) => Err(refusal(ErrorCode::AccessDenied)),
+        Some(State::ServerError) => {
+            let mut codes = [0u8; 8];
+            (&*ctrl)
+                .read_exact(&mut codes)
+                .map_err(|e| Error::io("reading the iperf3 server's error", e))?;
+            let code = i32::from_be_bytes([codes[0], codes[1], codes[2], codes[3]]);
+            Err(refusal(ErrorCode::from_number(code)))
+        }
+        Some(s) => Ok(s),
+        None => Err(Error::Protocol(format!(
+            "the iperf3 server sent state byte {}",
+            b[0]
+        ))),
+    }
+}
+
+/// Connects the test's data streams one after the other, as iperf3 does
+/// (the server tells their roles apart by arrival order).
+fn connect_streams(
+    addr: SocketAddr,
+    cookie: Cookie,
+    opts: &SendOptions,
+    total: u32,
+) -> Result<Vec<TcpStream>> {
+    use std::io::Write;
+    let mut warned = false;
+    (0..total)
+        .map(|_| {
+            let mut s = connection::connect(addr)?;
+            let w = sockopt::set_buffers(&s, opts.buffer)?;
+            if let (Some(w), false) = (w, warned) {
+                eprintln!("longhaul: {w}");
+                warned = true;
+            }
+            if let Some(cc) = &opts.cc {
+                sockopt::set_cc(&s, cc)?;
+            }
+            s.set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
+                .and_then(|_| s.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)))
+                .and_then(|_| s.write_all(&cookie.to_wire()))
+                .map_err(|e| Error::io("opening an iperf3 data connection", e))?;
+            Ok(s)
+        })
+        .collect()
+}
+
+/// What an iperf3 server's event means for a running test.
+fn server_event(h: Heard, when: &str) -> Error {
+    match h {
+        Heard::ServerError(code) => refusal(code),
+        Heard::State(State::AccessDenied) => refusal(ErrorCode::AccessDenied),
+        Heard::State(State::ServerTerminate) => {
+            Error::PeerAborted(format!("the iperf3 server terminated the test {when}"))
+        }
+        Heard::Closed => Error::PeerAborted(format!(
+            "the iperf3 server closed the control connection {when}"
+        )),
+        Heard::Failed(e) => {
+            Error::PeerAborted(format!("the control connection failed {when}: {e}"))
+        }
+        Heard::State(s) => Error::Protocol(format!("unexpected iperf3 state {s:?} {when}")),
+        Heard::Unknown(b) => Error::Protocol(format!("unknown iperf3 state byte {b} {when}")),
+        Heard::Json(Err(e)) => Error::Protocol(format!("the server's results: {e}")),
+        Heard::Json(Ok(_)) => Error::Protocol(format!("an unexpected JSON block {when}")),
+    }
+}
+
+/// Runs an iperf3 test against the server at `opts.to` and returns
+/// longhaul's final report; `watch`, if any, follows the data phase.
+pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
+    let byte_limit = check(opts)?;
+    let p = params(opts);
+    let addr = connection::resolve(&opts.to)?;
+    let ctrl = connection::connect(addr)?;
+    let cookie = Cookie::random();
+    ctrl.set_nodelay(true)
+        .and_then(|_| ctrl.set_read_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .and_then(|_| ctrl.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .map_err(|e| Error::io("iperf3 control connection", e))?;
+    {
+        use std::io::Write;
+        (&ctrl)
+            .write_all(&cookie.to_wire())
+            .map_err(|e| Error::io("sending the iperf3 cookie", e))?;
+    }
+    let mut w = &ctrl;
+    match read_state(&ctrl)? {
+        State::ParamExchange => control::send_json(&mut w, &p.to_json())?,
+        s => {
+            return Err(Error::Protocol(format!(
+                "expected PARAM_EXCHANGE, got {s:?}"
+            )))
+        }
+    }
+    match read_state(&ctrl)? {
+        State::CreateStreams => {}
+        s => {
+            return Err(Error::Protocol(format!(
+                "expected CREATE_STREAMS, got {s:?}"
+            )))
+        }
+    }
+    let shape = p.shape();
+    let total = session::total_streams(&shape);
+    let sockets = connect_streams(addr, cookie, opts, total)?;
+    let (tx, events) = mpsc::channel();
+    ctrl.set_read_timeout(None)
+        .map_err(|e| Error::io("iperf3 control connection", e))?;
+    let reader = ctrl
+        .try_clone()
+        .map_err(|e| Error::io("iperf3 control connection", e))?;
+    let heard = tx.clone();
+    control::spawn_reader(
+        reader,
+        State::ExchangeResults,
+        Arc::new(move |h| {
+            let _ = heard.send(Event::Control(h));
+        }),
+    )?;
+    let plan = Plan {
+        shape: shape.clone(),
+        side: Side::Client,
+        send_for: match opts.payload {
+            Payload::Memory(Amount::Seconds(s)) => Duration::from_secs_f64(s),
+            _ => Duration::from_secs(p.time),
+        },
+        stream_rate_bps: p.bandwidth,
+        block: DEFAULT_TCP_BLOCK as usize,
+        wide: false,
+    };
+    wait_for(&events, State::TestStart, "before the test")?;
+    let plane = MemoryPlane::from_env()?;
+    let ended = tx.clone();
+    let test = TestStreams::prepare(
+        &plan,
+        Sockets::Tcp(sockets),
+        &plane,
+        Arc::new(move |end| {
+            let _ = ended.send(Event::Ended(end));
+        }),
+    )?;
+    wait_for(&events, State::TestRunning, "before the test")?;
+    let start = test.go()?;
+    let started = std::time::SystemTime::now();
+    let cpu_start = CpuSnapshot::now();
+    run_test(&test, &plan, byte_limit, start, &events, watch)?;
+    let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_report = cpu_start.report_until(&CpuSnapshot::now());
+    if !stopped {
+        return Err(Error::Timeout(
+            "our sending streams did not stop at the end of the test".into(),
+        ));
+    }
+    control::send_state(&mut w, State::TestEnd)?;
+    wait_for(&events, State::ExchangeResults, "after TEST_END")?;
+    drain(&test, &events);
+    let congestion_used = test.tcp.first().and_then(|s| sockopt::get_cc(&*s.socket));
+    let ours = test.results(
+        seconds,
+        CpuUse::from_report(&cpu_report, seconds),
+        congestion_used,
+    );
+    control::send_json(&mut w, &ours.to_json())?;
+    let theirs = server_results(&events)?;
+    wait_for(&events, State::DisplayResults, "after the results")?;
+    test.abort();
+    let _ = control::send_state(&mut w, State::IperfDone);
+    let _ = ctrl.shutdown(std::net::Shutdown::Both);
+    Ok(report(
+        opts, &test, &ours, &theirs, cpu_report, seconds, started, cookie, addr,
+    ))
+}
+
+/// Waits for `state` from the server (reader thread), failing on anything
+/// that ends the test.
+fn wait_for(events: &Receiver<Event>, state: State, when: &str) -> Result<()> {
+    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    loop {
+        match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Event::Control(Heard::State(s))) if s == state => return Ok(()),
+            Ok(Event::Control(Heard::State(State::TestRunning | State::TestStart))) => {}
+            Ok(Event::Control(h)) => return Err(server_event(h, when)),
+            Ok(Event::Ended(_)) => {}
+            Err(_) => {
+                return Err(Error::Timeout(format!(
+                    "the iperf3 server did not say {state:?} within {} s",
+                    SHUTDOWN_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+}
+
+/// Runs the data phase until the test is over: the time is up, or the
+/// bytes are sent (or, for streams we receive, arrived).
+fn run_test(
+    test: &TestStreams,
+    plan: &Plan,
+    byte_limit: u64,
+    start: Instant,
+    events: &Receiver<Event>,
+    mut watch: Option<Watch<'_>>,
+) -> Result<()> {
+    let every = watch.as_ref().map_or(DEFAULT_SAMPLE_PERIOD, |w| w.every);
+    let mut next_tick = start + every;
+    let end = (byte_limit == 0).then(|| start + plan.send_for);
+    let check = Duration::from_millis(20);
+    loop {
+        let now = Instant::now();
+        let over = match end {
+            Some(t) => now >= t,
+            None => {
+                let sends = (0..test.len()).any(|i| test.role(i) == Role::Send);
+                (sends && test.senders_done()) || test.total(Role::Receive) >= byte_limit
+            }
+        };
+        if over {
+            return Ok(());
+        }
+        if now >= next_tick {
+            test.sample();
+            if let Some(w) = watch.as_mut() {
+                (w.tick)(&Live {
+                    streams: &test.tcp,
+                    elapsed: start.elapsed(),
+                    plane: None,
+                });
+            }
+            next_tick += every;
+        }
+        let mut wake = next_tick.min(now + check);
+        if let Some(t) = end {
+            wake = wake.min(t);
+        }
+        match events.recv_timeout(wake.saturating_duration_since(now)) {
+            Ok(Event::Control(h)) => return Err(server_event(h, "during the test")),
+            Ok(Event::Ended(StreamEnd { result: Err(e), .. })) => return Err(e),
+            Ok(Event::Ended(_)) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(Error::PeerAborted("the test's channel closed".into()))
+            }
+        }
+    }
+}
+
+/// After `EXCHANGE_RESULTS`: lets our receiving streams take in what the
+/// server sent before it closed them (bounded).
+fn drain(test: &TestStreams, events: &Receiver<Event>) {
+    let receiving = (0..test.len())
+        .filter(|&i| test.role(i) == Role::Receive)
+        .count();
+    let mut ended = 0;
+    let deadline = Instant::now() + DRAIN_MAX;
+    // An iperf3 server may keep its streams open until IPERF_DONE: once
+    // the server stopped, what it sent has arrived when our counters stop
+    // growing.
+    let mut last = test.total(Role::Receive);
+    let mut quiet_since = Instant::now();
+    while ended < receiving {
+        let now = Instant::now();
+        if now >= deadline || now.duration_since(quiet_since) >= DRAIN_QUIET {
+            return;
+        }
+        match events.recv_timeout(DRAIN_POLL.min(deadline.saturating_duration_since(now))) {
+            Ok(Event::Ended(e)) if test.role(e.index as usize) == Role::Receive => ended += 1,
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let total = test.total(Role::Receive);
+        if total != last {
+            last = total;
+            quiet_since = Instant::now();
+        }
+    }
+}
+
+/// The server's results block (the JSON after `EXCHANGE_RESULTS`).
+fn server_results(events: &Receiver<Event>) -> Result<Results> {
+    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    loop {
+        match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Event::Control(Heard::Json(Ok(v)))) => {
+                return Results::from_json(&v)
+                    .map_err(|e| Error::Protocol(format!("the iperf3 server's results: {e}")))
+            }
+            Ok(Event::Control(h)) => return Err(server_event(h, "instead of its results")),
+            Ok(Event::Ended(_)) => {}
+            Err(_) => {
+                return Err(Error::Timeout(format!(
+                    "the iperf3 server sent no results within {} s",
+                    SHUTDOWN_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+}
+
+/// CPU of the server as its results say (process CPU, percent of a core).
+fn server_cpu(r: &Results) -> CpuReport {
+    CpuReport {
+        user_pct: r.cpu_util_user,
+        system_pct: r.cpu_util_system,
+        ..CpuReport::default()
+    }
+}
+
+/// Longhaul's final report of an iperf3 test.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    opts: &SendOptions,
+    test: &TestStreams,
+    ours: &Results,
+    theirs: &Results,
+    cpu: CpuReport,
+    seconds: f64,
+    started: std::time::SystemTime,
+    cookie: Cookie,
+    addr: SocketAddr,
+) -> FinalReport {
+    let (mut sent, mut received) = (0u64, 0u64);
+    let streams: Vec<ReportStream> = test
+        .tcp
+        .iter()
+        .map(|s| {
+            let i = s.id;
+            let server = theirs.stream(i);
+            let tcp = s.last_tcp().unwrap_or_default();
+            let (bytes, retransmits) = match s.role {
+                Role::Send => {
+                    let b = server.map_or(0, |r| r.bytes);
+                    sent += b;
+                    (b, tcp.retransmits)
+                }
+                Role::Receive => {
+                    let b = test.counted_bytes(i as usize);
+                    received += b;
+                    (b, server.map_or(0, |r| r.retransmits.max(0) as u64))
+                }
+            };
+            ReportStream {
+                id: i,
+                direction: match s.role {
+                    Role::Send => "send",
+                    Role::Receive => "receive",
+                },
+                bytes,
+                retransmits,
+                rtt_us: tcp.rtt_us,
+                rttvar_us: tcp.rttvar_us,
+                cwnd_bytes: tcp.cwnd_bytes,
+                pacing_rate_bps: tcp.pacing_rate_bps,
+                delivery_rate_bps: tcp.delivery_rate_bps,
+            }
+        })
+        .collect();
+    let bytes = sent + received;
+    let secs = seconds.max(1e-9);
+    let remote = server_cpu(theirs);
+    let cpu = match opts.direction {
+        Direction::Receive => CpuPair {
+            sender: remote,
+            receiver: cpu,
+        },
+        _ => CpuPair {
+            sender: cpu,
+            receiver: remote,
+        },
+    };
+    let server_sent: u64 = (0..test.len())
+        .filter(|&i| test.role(i) == Role::Receive)
+        .filter_map(|i| theirs.stream(i as u32).map(|s| s.bytes))
+        .sum();
+    let server_received: u64 = (0..test.len())
+        .filter(|&i| test.role(i) == Role::Send)
+        .filter_map(|i| theirs.stream(i as u32).map(|s| s.bytes))
+        .sum();
+    let mode_report = ModeReport {
+        iperf3: Some(json!({
+            "cookie": cookie.as_str(),
+            "client": ours.to_json(),
+            "server": theirs.to_json(),
+            "bytes_sent_here": test.total(Role::Send),
+            "bytes_received_here": test.total(Role::Receive),
+        })),
+        human: format!(
+            "\n  iperf3 server {addr}: received {}, sent {}, CPU {:.1}%",
+            longhaul_units::format_bytes(server_received),
+            longhaul_units::format_bytes(server_sent),
+            theirs.cpu_util_total
+        ),
+        ..ModeReport::default()
+    };
+    FinalReport {
+        kind: "result",
+        mode: Mode::Memory,
+        direction: opts.direction,
+        bytes,
+        seconds: (secs * 1e6).round() / 1e6,
+        throughput_bps: (bytes as f64 * 8.0 / secs).round(),
+        bytes_sent: sent,
+        bytes_received: received,
+        streams,
+        cpu,
+        session: cookie.as_str().to_string(),
+        peer: addr.to_string(),
+        started: crate::logline::rfc3339(started),
+        started_unix: crate::send_report::unix_millis(started),
+        requested_seconds: match opts.payload {
+            Payload::Memory(Amount::Seconds(s)) => Some(s),
+            _ => None,
+        },
+        mode_report,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_become_iperf3_parameters() {
+        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(2.5)));
+        o.streams = 4;
+        o.direction = Direction::Bidir;
+        o.rate_bps = Some(4_000_000_000);
+        o.cc = Some("cubic".into());
+        let p = params(&o);
+        assert_eq!((p.time, p.bytes, p.parallel), (3, 0, 4));
+        assert!(p.bidirectional && !p.reverse);
+        assert_eq!(p.bandwidth, 1_000_000_000);
+        assert_eq!(p.window, o.buffer);
+        let o = SendOptions::new("h:5201", Payload::Memory(Amount::Bytes(1 << 30)));
+        let p = params(&o);
+        assert_eq!((p.time, p.bytes), (0, 1 << 30));
+    }
+
+    #[test]
+    fn options_iperf3_cannot_carry_are_usage_errors() {
+        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(1.0)));
+        o.streams = 129;
+        assert!(matches!(check(&o), Err(Error::Usage(m)) if m.contains("128")));
+        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(1.0)));
+        o.token = Some(crate::auth::Token::from_bytes(b"t"));
+        assert!(matches!(check(&o), Err(Error::Usage(m)) if m.contains("--token-file")));
+    }
+
+    #[test]
+    fn refusals_map_to_the_engines_errors() {
+        assert!(
+            matches!(refusal(ErrorCode::AuthTest), Error::Auth(m) if m.contains("authorization"))
+        );
+        assert!(matches!(refusal(ErrorCode::AccessDenied), Error::Busy(_)));
+        assert!(matches!(refusal(ErrorCode::TotalRate), Error::Refused(_)));
+    }
+}

@@ -1,0 +1,979 @@
+//! `longhaul serve --iperf3-listen`: an iperf3 server that runs many tests
+//! at once, each a session of the engine's registry (stats API, exporter,
+//! dashboards, alerts) with `protocol: iperf3`.
+//!
+//! Admission is the engine's ([`longhaul_admission`], the same pools and
+//! total deadline as the control port): every connection's first message
+//! is a 37-byte cookie. A cookie that belongs to a test waiting for its
+//! data connections attaches a stream on the admission thread; any other
+//! cookie opens a test: we answer `PARAM_EXCHANGE`, read the parameter
+//! block (at most [`MAX_PARAMS_LEN`]), check the credentials when the
+//! server asks for them, and only then does the connection leave the
+//! admission pools and take one of the `--iperf3-max-tests` slots (a full
+//! server answers `ACCESS_DENIED`, iperf3's "busy"). Tests beyond the
+//! server's duration and rate limits are refused with iperf3's own error
+//! codes.
+//!
+//! A test then runs as iperf3 runs it ([`run_test`]): `CREATE_STREAMS`,
+//! the data connections (TCP through the admission lobby, UDP through the
+//! [`UdpPort`]), `TEST_START` and `TEST_RUNNING`, until the client says
+//! `TEST_END`; then `EXCHANGE_RESULTS` (the client's block first, then
+//! ours), `DISPLAY_RESULTS`, and the client's `IPERF_DONE`. Before
+//! answering with our results we let every receiving stream take in what
+//! the client says it sent, so sender and receiver agree to the byte.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use longhaul_admission::{Arrival, FirstMessage, Lobby, Protocol, Ticket};
+use longhaul_units::{format_bps, format_bytes};
+
+use crate::auth::{random_bytes, to_hex};
+use crate::cpu::CpuSnapshot;
+use crate::error::{Error, Result};
+use crate::limits::{
+    admission_settings, ADMISSION_DEADLINE, ATTACH_TIMEOUT, DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT,
+    SHUTDOWN_TIMEOUT, WATCHDOG_PERIOD,
+};
+use crate::logline;
+use crate::messages::Role;
+use crate::planes::memory::MemoryPlane;
+use crate::registry::{Registry, SessionEntry};
+use crate::session::{self, Side};
+use crate::sockopt;
+
+use super::auth::ServerAuth;
+use super::control::{self, Heard};
+use super::params::{Params, ServerLimits, Transport};
+use super::results::{stream_index, Results};
+use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestStreams};
+use super::udp::{self, UdpPort};
+use super::wire::{self, Cookie, CookieCheck, ErrorCode, JsonError, State, COOKIE_LEN};
+
+/// iperf3's port.
+pub const DEFAULT_PORT: u16 = 5201;
+
+/// Default `--iperf3-max-tests`: tests running at once.
+pub const DEFAULT_MAX_TESTS: usize = 16;
+
+/// Default `--iperf3-max-duration`: an hour is far beyond any scheduled
+/// test (perfSONAR runs 10 to 60 s) and still stops a forgotten `-t 0`.
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(3600);
+
+/// Largest parameter block we read. A client's block is ~300 bytes; a
+/// title or extra data may add a little. A larger length is refused
+/// before anything is read.
+pub const MAX_PARAMS_LEN: usize = 64 << 10;
+
+/// A sending stream of ours stops this long after the client's `-t` (and
+/// `-O`) if the client's `TEST_END` has not stopped it first; the client's
+/// clock starts a round trip before ours.
+const SEND_GRACE: Duration = Duration::from_secs(5);
+
+/// After `TEST_END`, a receiving stream waits for the bytes the client
+/// says it sent while they keep arriving; it gives up when nothing arrived
+/// for [`DRAIN_QUIET`] or after [`DRAIN_MAX`] in all.
+const DRAIN_QUIET: Duration = Duration::from_millis(250);
+const DRAIN_MAX: Duration = Duration::from_secs(10);
+
+/// The rate limit is checked over this window, as iperf3's
+/// `--server-bitrate-limit` averages over 5 s by default.
+const RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// What `--iperf3-listen` and its companions say.
+#[derive(Debug, Clone)]
+pub struct Iperf3Options {
+    pub listen: String,
+    pub max_tests: usize,
+    pub limits: ServerLimits,
+    /// `--iperf3-rsa-private-key-path` and `--iperf3-authorized-users-path`.
+    pub auth: Option<ServerAuth>,
+}
+
+impl Iperf3Options {
+    /// iperf3 on `listen` with the default limits and no authentication.
+    pub fn new(listen: impl Into<String>) -> Iperf3Options {
+        Iperf3Options {
+            listen: listen.into(),
+            max_tests: DEFAULT_MAX_TESTS,
+            limits: ServerLimits {
+                max_duration: DEFAULT_MAX_DURATION,
+                max_rate_bps: 0,
+            },
+            auth: None,
+        }
+    }
+}
+
+/// A test waiting for its TCP data connections.
+struct Attaching {
+    wanted: usize,
+    got: usize,
+    events: Sender<Event>,
+}
+
+struct Context {
+    opts: Iperf3Options,
+    registry: Arc<Registry>,
+    /// One memory plane for every test: its pattern is shared, so a test
+    /// costs no pattern of its own.
+    plane: MemoryPlane,
+    active: AtomicUsize,
+    attaching: Mutex<HashMap<Cookie, Attaching>>,
+    udp: Arc<UdpPort>,
+}
+
+/// Everything that happens to a test, on one channel.
+enum Event {
+    Control(Heard),
+    Attached(TcpStream),
+    Ended(StreamEnd),
+}
+
+/// A bound iperf3 port (TCP and UDP), ready to [`Iperf3Server::spawn`].
+pub struct Iperf3Server {
+    listener: TcpListener,
+    ctx: Arc<Context>,
+}
+
+fn log(msg: impl std::fmt::Display) {
+    logline::server(msg);
+}
+
+impl Iperf3Server {
+    /// Binds the TCP and UDP port of `opts.listen`.
+    pub fn bind(opts: Iperf3Options, registry: Arc<Registry>) -> Result<Iperf3Server> {
+        if opts.max_tests == 0 {
+            return Err(Error::Usage("--iperf3-max-tests must be at least 1".into()));
+        }
+        let bad = |e: std::io::Error| {
+            Error::Usage(format!(
+                "cannot listen on {} (--iperf3-listen): {e}",
+                opts.listen
+            ))
+        };
+        let listener = TcpListener::bind(&opts.listen).map_err(bad)?;
+        let addr = listener.local_addr().map_err(bad)?;
+        let udp = Arc::new(UdpPort::bind(addr).map_err(bad)?);
+        Ok(Iperf3Server {
+            listener,
+            ctx: Arc::new(Context {
+                plane: MemoryPlane::from_env()?,
+                opts,
+                registry,
+                active: AtomicUsize::new(0),
+                attaching: Mutex::new(HashMap::new()),
+                udp,
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    /// Serves the port on threads of its own (admission, UDP) for the
+    /// process's life.
+    pub fn spawn(self) -> Result<()> {
+        let udp = self.ctx.udp.clone();
+        std::thread::Builder::new()
+            .name("iperf3-udp".into())
+            .spawn(move || udp.run(&|line| log(line)))
+            .map_err(|e| Error::io("starting the iperf3 UDP port", e))?;
+        let lobby = Lobby::new(
+            self.listener,
+            Arc::new(Iperf3Protocol { ctx: self.ctx }),
+            admission_settings(),
+        );
+        std::thread::Builder::new()
+            .name("iperf3-admission".into())
+            .spawn(move || {
+                if let Err(e) = lobby.run() {
+                    log(format!("iperf3 port: accepting connections failed: {e}"));
+                }
+            })
+            .map(drop)
+            .map_err(|e| Error::io("starting the iperf3 port", e))
+    }
+}
+
+struct Iperf3Protocol {
+    ctx: Arc<Context>,
+}
+
+impl Protocol for Iperf3Protocol {
+    fn max_first_message(&self) -> usize {
+        COOKIE_LEN
+    }
+
+    fn first_message(&self, received: &[u8]) -> FirstMessage {
+        match Cookie::check(received) {
+            CookieCheck::Incomplete => FirstMessage::NeedMore,
+            CookieCheck::Invalid(why) => FirstMessage::Garbage(why),
+            CookieCheck::Valid(c) => {
+                let attaching = self.ctx.attaching.lock().unwrap_or_else(|e| e.into_inner());
+                if attaching.contains_key(&c) {
+                    FirstMessage::Quick
+                } else {
+                    FirstMessage::Handshake
+                }
+            }
+        }
+    }
+
+    /// A data connection of a test that is opening its streams: handed to
+    /// the test (which configures it); one too many is denied.
+    fn quick(&self, arrival: Arrival) {
+        let CookieCheck::Valid(cookie) = Cookie::check(&arrival.received) else {
+            return;
+        };
+        let mut attaching = self.ctx.attaching.lock().unwrap_or_else(|e| e.into_inner());
+        match attaching.get_mut(&cookie) {
+            Some(a) if a.got < a.wanted && arrival.received.len() == COOKIE_LEN => {
+                a.got += 1;
+                let _ = a.events.send(Event::Attached(arrival.stream));
+            }
+            _ => {
+                drop(attaching);
+                let _ = (&arrival.stream).write_all(&[State::AccessDenied.byte()]);
+                arrival
+                    .reporter
+                    .report("iperf3 data connection beyond its test's streams");
+            }
+        }
+    }
+
+    fn handshake(&self, arrival: Arrival, ticket: Ticket) {
+        handle_control(arrival, ticket, &self.ctx);
+    }
+
+    fn log(&self, line: &str) {
+        log(format!("iperf3 port: {line}"));
+    }
+}
+
+/// One of the `--iperf3-max-tests` slots, given back when the test ends.
+struct TestSlot<'a>(&'a AtomicUsize);
+
+impl<'a> TestSlot<'a> {
+    fn take(active: &'a AtomicUsize, max: usize) -> Option<TestSlot<'a>> {
+        active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| TestSlot(active))
+    }
+}
+
+impl Drop for TestSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A new test's control connection, from its cookie on: parameters,
+/// credentials, limits, admission, a slot, the test.
+fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
+    let reporter = arrival.reporter.clone();
+    let peer = arrival.peer;
+    let CookieCheck::Valid(cookie) = Cookie::check(&arrival.received) else {
+        return;
+    };
+    let stream = arrival.stream;
+    if arrival.received.len() > COOKIE_LEN {
+        // iperf3 clients wait for PARAM_EXCHANGE before they say more.
+        return reporter.report("iperf3: bytes after the cookie before PARAM_EXCHANGE");
+    }
+    let left = ADMISSION_DEADLINE
+        .saturating_sub(arrival.accepted.elapsed())
+        .max(Duration::from_millis(1));
+    let setup = stream
+        .set_nodelay(true)
+        .and_then(|_| stream.set_read_timeout(Some(left)))
+        .and_then(|_| stream.set_write_timeout(Some(left)));
+    if let Err(e) = setup {
+        return reporter.report(&format!("iperf3 control connection: {e}"));
+    }
+    let mut w = &stream;
+    if control::send_state(&mut w, State::ParamExchange).is_err() {
+        return reporter.report("iperf3: gone before PARAM_EXCHANGE");
+    }
+    let refuse = |code: ErrorCode, why: String| {
+        control::send_server_error(&mut &stream, code);
+        reporter.report(&format!("iperf3 test refused: {} ({why})", code.text()));
+    };
+    let block = match wire::read_json(&mut &stream, MAX_PARAMS_LEN) {
+        Ok(b) => b,
+        Err(JsonError::Io(e)) => {
+            return reporter.report(&format!("iperf3: no parameters ({e})"));
+        }
+        Err(e) => return refuse(ErrorCode::RecvParams, e.to_string()),
+    };
+    let params = match Params::from_json(&block) {
+        Ok(p) => p,
+        Err(why) => return refuse(ErrorCode::RecvParams, why),
+    };
+    let user = match &ctx.opts.auth {
+        Some(auth) => match auth.check(params.authtoken.as_deref()) {
+            Ok(user) => Some(user),
+            Err(why) => return refuse(ErrorCode::AuthTest, why),
+        },
+        None => None,
+    };
+    if let Err(r) = params.check(&ctx.opts.limits) {
+        return refuse(r.code, r.why);
+    }
+    if let Err(e) = ticket.admit() {
+        return reporter.report(&format!("iperf3: {e}"));
+    }
+    let Some(_slot) = TestSlot::take(&ctx.active, ctx.opts.max_tests) else {
+        let _ = w.write_all(&[State::AccessDenied.byte()]);
+        return log(format!(
+            "iperf3 test from {peer}: refused: already running {} tests (--iperf3-max-tests)",
+            ctx.opts.max_tests
+        ));
+    };
+    let who = match &user {
+        Some(u) => format!("iperf3 test from {peer} (user {u})"),
+        None => format!("iperf3 test from {peer}"),
+    };
+    let id = to_hex(&random_bytes::<8>());
+    let entry = ctx.registry.add(
+        id.clone(),
+        peer.to_string(),
+        stream.local_addr().ok().map(|a| a.to_string()),
+    );
+    entry.set_request(&params.shape());
+    entry.set_protocol(longhaul_stats_api::Protocol::Iperf3);
+    let result = run_test(&stream, &params, cookie, &entry, ctx);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    ctx.registry.finish(&entry, result.is_ok());
+    match result {
+        Ok(summary) => log(format!("{who}: finished: test {id}: {summary}")),
+        Err(e) => log(format!("{who}: failed: test {id}: {e}")),
+    }
+    crate::memory::return_freed_memory();
+}
+
+/// A test that failed: what the client is told (nothing if it is the one
+/// that went away) and what the log says.
+struct Failure {
+    tell: Option<ErrorCode>,
+    error: Error,
+}
+
+impl Failure {
+    fn tell(code: ErrorCode, error: Error) -> Failure {
+        Failure {
+            tell: Some(code),
+            error,
+        }
+    }
+
+    fn silent(error: Error) -> Failure {
+        Failure { tell: None, error }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure::silent(error)
+    }
+}
+
+/// Runs one admitted test; returns the log's summary.
+fn run_test(
+    stream: &TcpStream,
+    params: &Params,
+    cookie: Cookie,
+    entry: &Arc<SessionEntry>,
+    ctx: &Arc<Context>,
+) -> Result<String> {
+    let (tx, events) = mpsc::channel();
+    match test_phases(stream, params, cookie, entry, ctx, &tx, &events) {
+        Ok(summary) => Ok(summary),
+        Err(f) => {
+            if let Some(code) = f.tell {
+                control::send_server_error(&mut &*stream, code);
+            }
+            Err(f.error)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn test_phases(
+    stream: &TcpStream,
+    params: &Params,
+    cookie: Cookie,
+    entry: &Arc<SessionEntry>,
+    ctx: &Arc<Context>,
+    tx: &Sender<Event>,
+    events: &Receiver<Event>,
+) -> std::result::Result<String, Failure> {
+    let io = |what: &str, e: std::io::Error| Failure::silent(Error::io(what.to_string(), e));
+    stream
+        .set_read_timeout(None)
+        .and_then(|_| stream.set_write_timeout(Some(SHUTDOWN_TIMEOUT)))
+        .map_err(|e| io("iperf3 control connection", e))?;
+    let reader = stream
+        .try_clone()
+        .map_err(|e| io("iperf3 control connection", e))?;
+    let heard = tx.clone();
+    control::spawn_reader(
+        reader,
+        State::TestEnd,
+        Arc::new(move |h| {
+            let _ = heard.send(Event::Control(h));
+        }),
+    )?;
+    let shape = params.shape();
+    let total = session::total_streams(&shape) as usize;
+    let mut w = stream;
+    let sockets = match params.transport {
+        Transport::Udp => Sockets::Udp(open_udp(stream, params, total, ctx, events)?),
+        _ => Sockets::Tcp(open_tcp(stream, cookie, total, ctx, tx, events)?),
+    };
+    let congestion_used = configure(&sockets, params, &shape)?;
+    let plan = Plan {
+        shape: shape.clone(),
+        side: Side::Server,
+        send_for: Duration::from_secs(params.time + params.omit) + SEND_GRACE,
+        stream_rate_bps: params.bandwidth,
+        block: params.block() as usize,
+        wide: params.udp_counters_64bit,
+    };
+    let ended = tx.clone();
+    let test = TestStreams::prepare(
+        &plan,
+        sockets,
+        &ctx.plane,
+        Arc::new(move |end| {
+            let _ = ended.send(Event::Ended(end));
+        }),
+    )?;
+    test.register(entry);
+    control::send_state(&mut w, State::TestStart)?;
+    control::send_state(&mut w, State::TestRunning)?;
+    let start = test.go()?;
+    let cpu_start = CpuSnapshot::now();
+    let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)?;
+    test.stop_counting();
+    let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
+    let wall = ended_at.duration_since(start).as_secs_f64();
+    let seconds = (wall - params.omit as f64).max(0.0);
+    let cpu = CpuUse::from_report(&cpu_start.report_until(&CpuSnapshot::now()), wall);
+    if !stopped {
+        return Err(Failure::tell(
+            ErrorCode::StreamWrite,
+            Error::Timeout("our sending streams did not stop after TEST_END".into()),
+        ));
+    }
+    control::send_state(&mut w, State::ExchangeResults)?;
+    let theirs = client_results(events, total)?;
+    drain(&test, &theirs);
+    let mut ours = test.results(seconds, cpu, congestion_used);
+    let summary = summary(&test, params, seconds);
+    if params.get_server_output {
+        ours.server_output_text = Some(format!(
+            "longhaul {} (iperf3 protocol): {summary}\n",
+            crate::SOFTWARE_VERSION
+        ));
+    }
+    control::send_json(&mut w, &ours.to_json())?;
+    control::send_state(&mut w, State::DisplayResults)?;
+    wait_for_done(events);
+    Ok(summary)
+}
+
+/// Registers the cookie, announces `CREATE_STREAMS` and collects the TCP
+/// data connections (in arrival order, as iperf3 numbers them).
+fn open_tcp(
+    stream: &TcpStream,
+    cookie: Cookie,
+    total: usize,
+    ctx: &Arc<Context>,
+    tx: &Sender<Event>,
+    events: &Receiver<Event>,
+) -> std::result::Result<Vec<TcpStream>, Failure> {
+    ctx.attaching
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(
+            cookie,
+            Attaching {
+                wanted: total,
+                got: 0,
+                events: tx.clone(),
+            },
+        );
+    // However this ends, the cookie opens no more streams.
+    struct Unregister<'a>(&'a Context, Cookie);
+    impl Drop for Unregister<'_> {
+        fn drop(&mut self) {
+            self.0
+                .attaching
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.1);
+        }
+    }
+    let _unregister = Unregister(ctx, cookie);
+    control::send_state(&mut &*stream, State::CreateStreams)?;
+    let deadline = Instant::now() + ATTACH_TIMEOUT;
+    let mut sockets = Vec::with_capacity(total);
+    while sockets.len() < total {
+        match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Event::Attached(s)) => sockets.push(s),
+            Ok(Event::Control(h)) => return Err(unexpected(h, "while opening the streams")),
+            Ok(Event::Ended(_)) => {}
+            Err(_) => {
+                return Err(Failure::silent(Error::Timeout(format!(
+                    "only {} of {total} data connections arrived within {} s",
+                    sockets.len(),
+                    ATTACH_TIMEOUT.as_secs()
+                ))))
+            }
+        }
+    }
+    Ok(sockets)
+}
+
+/// Waits for this client's turn on the UDP port, announces
+/// `CREATE_STREAMS` and collects the UDP streams.
+fn open_udp(
+    stream: &TcpStream,
+    params: &Params,
+    total: usize,
+    ctx: &Arc<Context>,
+    events: &Receiver<Event>,
+) -> std::result::Result<Vec<UdpSocket>, Failure> {
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| Error::io("iperf3 control", e))?;
+    let local = stream
+        .local_addr()
+        .map_err(|e| Error::io("iperf3 control", e))?;
+    let expected = ctx
+        .udp
+        .expect(udp::canonical(peer.ip()), local_ip(local), total)
+        .map_err(|why| Failure::silent(Error::Timeout(why)))?;
+    control::send_state(&mut &*stream, State::CreateStreams)?;
+    let deadline = Instant::now() + ATTACH_TIMEOUT;
+    let mut sockets = Vec::with_capacity(total);
+    while sockets.len() < total {
+        if Instant::now() >= deadline {
+            return Err(Failure::silent(Error::Timeout(format!(
+                "only {} of {total} UDP streams connected within {} s",
+                sockets.len(),
+                ATTACH_TIMEOUT.as_secs()
+            ))));
+        }
+        match expected.streams.recv_timeout(Duration::from_millis(50)) {
+            Ok(s) => sockets.push(s),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(Failure::silent(Error::PeerAborted(
+                    "UDP port closed".into(),
+                )))
+            }
+        }
+        if let Ok(Event::Control(h)) = events.try_recv() {
+            return Err(unexpected(h, "while opening the UDP streams"));
+        }
+    }
+    let _ = params;
+    Ok(sockets)
+}
+
+/// The address a stream socket answers from: the one the client reached
+/// (IPv4-mapped addresses as IPv4, for an IPv4 socket).
+fn local_ip(local: SocketAddr) -> IpAddr {
+    udp::canonical(local.ip())
+}
+
+/// Sets the test's options on every data socket; returns the congestion
+/// control in use (for the results).
+fn configure(
+    sockets: &Sockets,
+    params: &Params,
+    shape: &crate::messages::SessionRequest,
+) -> std::result::Result<Option<String>, Failure> {
+    match sockets {
+        Sockets::Tcp(socks) => {
+            let mut cc_warned = false;
+            for (i, s) in socks.iter().enumerate() {
+                let sends = session::role(shape, Side::Server, i as u32) == Role::Send;
+                if let Some(w) = configure_tcp(s, params, sends)? {
+                    if !cc_warned {
+                        log(format!("iperf3 test: {w}"));
+                        cc_warned = true;
+                    }
+                }
+            }
+            Ok(socks.first().and_then(sockopt::get_cc))
+        }
+        Sockets::Udp(socks) => {
+            for s in socks {
+                let set = udp::set_buffers(s, params.window).and_then(|_| {
+                    if params.dont_fragment && s.local_addr()?.is_ipv4() {
+                        udp::set_dont_fragment(s)?;
+                    }
+                    Ok(())
+                });
+                set.map_err(|e| Error::io("configuring a UDP stream", e))?;
+                if params.tos > 0 {
+                    let v6 = s.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
+                    sockopt::set_tos(s, v6, params.tos as u8)?;
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// One TCP data socket: window, congestion control (a warning, as iperf3
+/// gives, if ours lacks the client's), MSS, no-delay, TOS, pacing.
+fn configure_tcp(s: &TcpStream, p: &Params, sends: bool) -> Result<Option<String>> {
+    let mut warning = None;
+    if p.window > 0 {
+        warning = sockopt::set_buffers(s, p.window)?;
+    }
+    if let Some(cc) = &p.congestion {
+        if let Err(e) = sockopt::set_cc(s, cc) {
+            warning = Some(format!("congestion control {cc} not used: {e}"));
+        }
+    }
+    if p.mss > 0 {
+        sockopt::set_mss(s, p.mss as u32)?;
+    }
+    if p.nodelay {
+        s.set_nodelay(true)
+            .map_err(|e| Error::io("setting TCP_NODELAY", e))?;
+    }
+    if p.tos > 0 {
+        let v6 = s.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
+        sockopt::set_tos(s, v6, p.tos as u8)?;
+    }
+    let pace = match (p.fqrate, p.bandwidth) {
+        (0, 0) => 0,
+        (0, b) => b,
+        (f, _) => f,
+    };
+    if sends && pace > 0 {
+        sockopt::set_max_pacing_rate(s, (pace / 8).max(1))?;
+    }
+    s.set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
+        .and_then(|_| s.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)))
+        .map_err(|e| Error::io("setting data socket timeouts", e))?;
+    Ok(warning)
+}
+
+/// The client's control events that end a test early, as a failure.
+fn unexpected(h: Heard, when: &str) -> Failure {
+    match h {
+        Heard::State(State::ClientTerminate) => Failure::silent(Error::PeerAborted(format!(
+            "the client terminated the test {when}"
+        ))),
+        Heard::Closed => Failure::silent(Error::PeerAborted(format!(
+            "the client closed the control connection {when}"
+        ))),
+        Heard::Failed(e) => Failure::silent(Error::PeerAborted(format!(
+            "the control connection failed {when}: {e}"
+        ))),
+        Heard::State(s) => Failure::tell(
+            ErrorCode::Message,
+            Error::Protocol(format!("unexpected iperf3 state {s:?} {when}")),
+        ),
+        Heard::Unknown(b) => Failure::tell(
+            ErrorCode::Message,
+            Error::Protocol(format!("unknown iperf3 state byte {b} {when}")),
+        ),
+        Heard::ServerError(c) => Failure::tell(
+            ErrorCode::Message,
+            Error::Protocol(format!(
+                "a client sent SERVER_ERROR ({}) {when}",
+                c.number()
+            )),
+        ),
+        Heard::Json(_) => Failure::tell(
+            ErrorCode::Message,
+            Error::Protocol(format!("a JSON block {when}")),
+        ),
+    }
+}
+
+/// The running test until the client's `TEST_END`; returns when it came.
+/// Fails on a client that leaves, a stream that fails or stalls, the
+/// server's duration or rate limit, or a client that lets its `-t` pass
+/// without ending the test.
+fn run_until_test_end(
+    test: &TestStreams,
+    params: &Params,
+    start: Instant,
+    limits: &ServerLimits,
+    events: &Receiver<Event>,
+) -> std::result::Result<Instant, Failure> {
+    let omit_end = (params.omit > 0).then(|| start + Duration::from_secs(params.omit));
+    let mut omitted = false;
+    // A timed test must end within its time plus the shutdown grace; any
+    // test within the server's longest.
+    let mut hard_end = start + limits.max_duration;
+    if params.time > 0 && params.byte_limit().is_none() {
+        hard_end =
+            hard_end.min(start + Duration::from_secs(params.time + params.omit) + SHUTDOWN_TIMEOUT);
+    }
+    let mut progress = (test.progress(), start);
+    let mut rate = RateWindow::new(start);
+    let mut next_check = start + WATCHDOG_PERIOD;
+    loop {
+        let now = Instant::now();
+        let mut wake = next_check.min(hard_end);
+        if let (Some(t), false) = (omit_end, omitted) {
+            wake = wake.min(t);
+        }
+        match events.recv_timeout(wake.saturating_duration_since(now)) {
+            Ok(Event::Control(Heard::State(State::TestEnd))) => return Ok(Instant::now()),
+            Ok(Event::Control(h)) => return Err(unexpected(h, "during the test")),
+            Ok(Event::Ended(StreamEnd {
+                index,
+                result: Err(e),
+            })) => {
+                let code = match test.role(index as usize) {
+                    Role::Send => ErrorCode::StreamWrite,
+                    Role::Receive => ErrorCode::StreamRead,
+                };
+                return Err(Failure::tell(code, e));
+            }
+            Ok(Event::Ended(_)) | Ok(Event::Attached(_)) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(Failure::silent(Error::PeerAborted(
+                    "the test's channel closed".into(),
+                )))
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        if let (Some(t), false) = (omit_end, omitted) {
+            if now >= t {
+                test.end_omitted();
+                omitted = true;
+            }
+        }
+        if now >= hard_end {
+            let code = if now >= start + limits.max_duration {
+                ErrorCode::Duration
+            } else {
+                ErrorCode::NoMessage
+            };
+            return Err(Failure::tell(
+                code,
+                Error::Timeout(format!(
+                    "the test ran {} s without the client's TEST_END (its -t is {} s, this server allows {} s)",
+                    now.duration_since(start).as_secs(),
+                    params.time,
+                    limits.max_duration.as_secs()
+                )),
+            ));
+        }
+        if now >= next_check {
+            next_check = now + WATCHDOG_PERIOD;
+            let p = test.progress();
+            if p != progress.0 {
+                progress = (p, now);
+            } else if now.duration_since(progress.1) >= DATA_IDLE_TIMEOUT {
+                return Err(Failure::tell(
+                    ErrorCode::NoMessage,
+                    Error::Timeout(format!(
+                        "no data moved for {} s (the data idle timeout)",
+                        DATA_IDLE_TIMEOUT.as_secs()
+                    )),
+                ));
+            }
+            let moved = test.total(Role::Send) + test.total(Role::Receive);
+            if let Some(bps) = rate.add(now, moved) {
+                if limits.max_rate_bps > 0 && bps > limits.max_rate_bps as f64 {
+                    return Err(Failure::tell(
+                        ErrorCode::TotalRate,
+                        Error::Refused(format!(
+                            "the test moved {} over {} s; this server allows {}",
+                            format_bps(bps),
+                            RATE_WINDOW.as_secs(),
+                            format_bps(limits.max_rate_bps as f64)
+                        )),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The average rate over the last [`RATE_WINDOW`], once a whole window
+/// has passed.
+struct RateWindow {
+    samples: std::collections::VecDeque<(Instant, u64)>,
+}
+
+impl RateWindow {
+    fn new(start: Instant) -> RateWindow {
+        RateWindow {
+            samples: std::collections::VecDeque::from([(start, 0)]),
+        }
+    }
+
+    /// Adds a sample of the bytes moved so far; the window's rate in
+    /// bits/s, if the window is full.
+    fn add(&mut self, now: Instant, total: u64) -> Option<f64> {
+        self.samples.push_back((now, total));
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(t, _)| now.duration_since(*t) >= RATE_WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        let (t0, b0) = *self.samples.front()?;
+        let span = now.duration_since(t0);
+        (span >= RATE_WINDOW).then(|| (total - b0) as f64 * 8.0 / span.as_secs_f64())
+    }
+}
+
+/// The client's results block, checked: every stream it names is one of
+/// ours.
+fn client_results(events: &Receiver<Event>, total: usize) -> std::result::Result<Results, Failure> {
+    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    loop {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(wait) {
+            Ok(Event::Control(Heard::Json(Ok(v)))) => {
+                let r = Results::from_json(&v)
+                    .map_err(|why| Failure::tell(ErrorCode::RecvResults, Error::Protocol(why)))?;
+                if let Some(bad) = r
+                    .streams
+                    .iter()
+                    .find(|s| stream_index(s.id as u64).is_none_or(|i| i as usize >= total))
+                {
+                    return Err(Failure::tell(
+                        ErrorCode::StreamId,
+                        Error::Protocol(format!("the client's results name stream id {}", bad.id)),
+                    ));
+                }
+                return Ok(r);
+            }
+            Ok(Event::Control(Heard::Json(Err(why)))) => {
+                return Err(Failure::tell(
+                    ErrorCode::RecvResults,
+                    Error::Protocol(format!("the client's results: {why}")),
+                ))
+            }
+            Ok(Event::Control(h)) => return Err(unexpected(h, "instead of its results")),
+            Ok(_) => {}
+            Err(_) => {
+                return Err(Failure::silent(Error::Timeout(format!(
+                    "the client sent no results within {} s",
+                    SHUTDOWN_TIMEOUT.as_secs()
+                ))))
+            }
+        }
+    }
+}
+
+/// Lets the receiving streams take in what the client says it sent (see
+/// [`DRAIN_QUIET`]).
+fn drain(test: &TestStreams, theirs: &Results) {
+    let want: Vec<(usize, u64)> = (0..test.len())
+        .filter(|&i| test.role(i) == Role::Receive)
+        .filter_map(|i| theirs.stream(i as u32).map(|s| (i, s.bytes)))
+        .collect();
+    let started = Instant::now();
+    let mut last = (test.total(Role::Receive), Instant::now());
+    while started.elapsed() < DRAIN_MAX {
+        if want.iter().all(|&(i, b)| test.counted_bytes(i) >= b) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        let now = test.total(Role::Receive);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= DRAIN_QUIET {
+            return;
+        }
+    }
+}
+
+/// Waits (bounded) for the client's `IPERF_DONE` or its close.
+fn wait_for_done(events: &Receiver<Event>) {
+    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    while let Ok(e) = events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if let Event::Control(Heard::State(State::IperfDone) | Heard::Closed | Heard::Failed(_)) = e
+        {
+            return;
+        }
+    }
+}
+
+/// The log's line about a finished test.
+fn summary(test: &TestStreams, params: &Params, seconds: f64) -> String {
+    let secs = seconds.max(1e-9);
+    let part = |role: Role, what: &str| {
+        let b: u64 = (0..test.len())
+            .filter(|&i| test.role(i) == role)
+            .map(|i| test.counted_bytes(i))
+            .sum();
+        (b > 0 || (0..test.len()).any(|i| test.role(i) == role)).then(|| {
+            format!(
+                "{what} {} ({})",
+                format_bytes(b),
+                format_bps(b as f64 * 8.0 / secs)
+            )
+        })
+    };
+    let moved: Vec<String> = [part(Role::Receive, "received"), part(Role::Send, "sent")]
+        .into_iter()
+        .flatten()
+        .collect();
+    format!(
+        "{}, {} streams, {} in {secs:.2} s",
+        match params.transport {
+            Transport::Udp => "udp",
+            _ => "tcp",
+        },
+        test.len(),
+        moved.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_window_averages_a_whole_window() {
+        let t0 = Instant::now();
+        let mut w = RateWindow::new(t0);
+        assert_eq!(w.add(t0 + Duration::from_secs(1), 1_000_000), None);
+        let r = w.add(t0 + Duration::from_secs(5), 5_000_000).unwrap();
+        assert!((r - 8_000_000.0).abs() < 1.0, "{r}");
+        // Old samples leave the window: only the last 5 s count.
+        let r = w.add(t0 + Duration::from_secs(10), 5_000_000).unwrap();
+        assert!(r < 1.0, "{r}");
+    }
+
+    #[test]
+    fn slots_are_bounded_and_given_back() {
+        let active = AtomicUsize::new(0);
+        let a = TestSlot::take(&active, 2).unwrap();
+        let _b = TestSlot::take(&active, 2).unwrap();
+        assert!(TestSlot::take(&active, 2).is_none());
+        drop(a);
+        assert!(TestSlot::take(&active, 2).is_some());
+    }
+}
