@@ -174,6 +174,29 @@ class Processes:
         self.started.clear()
 
 
+def start_engine(processes, *extra, name="serve"):
+    """`longhaul serve` of $LONGHAUL_DIST on free loopback ports (control and
+    stats API, plus `extra` flags), once both answer: (Popen, port, stats port)."""
+    longhaul = dist_dir() / "longhaul"
+    assert longhaul.is_file(), f"{longhaul} missing: run `make build` or set LONGHAUL_DIST"
+    port, stats = free_port(), free_port()
+    proc = processes.start(
+        name,
+        [
+            str(longhaul),
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--stats-listen",
+            f"127.0.0.1:{stats}",
+            *extra,
+        ],
+    )
+    processes.wait_port(proc, port)
+    processes.wait_port(proc, stats)
+    return proc, port, stats
+
+
 def wait_until(predicate, timeout, what, interval=0.5):
     """Call predicate until it returns a truthy value; return that value."""
     deadline = time.monotonic() + timeout

@@ -51,26 +51,6 @@ def token(tmp_path):
     return path
 
 
-def start_engine(processes, *extra, name="serve"):
-    need(LONGHAUL)
-    port, stats = helpers.free_port(), helpers.free_port()
-    proc = processes.start(
-        name,
-        [
-            LONGHAUL,
-            "serve",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--stats-listen",
-            f"127.0.0.1:{stats}",
-            *extra,
-        ],
-    )
-    processes.wait_port(proc, port)
-    processes.wait_port(proc, stats)
-    return proc, port, stats
-
-
 def send(port, *args, timeout=120):
     return subprocess.run(
         [LONGHAUL, "send", "--to", f"127.0.0.1:{port}", "--json", *map(str, args)],
@@ -92,7 +72,7 @@ def hello_frame():
 
 
 def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
-    proc, port, _ = start_engine(processes, "--token-file", token)
+    proc, port, _ = helpers.start_engine(processes, "--token-file", token)
     # Strangers that get as far as a Hello and stall there, on threads.
     stalled = []
     for _ in range(40):
@@ -193,7 +173,7 @@ def test_exporter_answers_431_to_an_oversized_head(processes):
 
 
 def test_stats_api_answers_while_200_clients_trickle(processes):
-    proc, _, stats = start_engine(processes)
+    proc, _, stats = helpers.start_engine(processes)
     url = f"http://127.0.0.1:{stats}/v1/sessions"
     idle_threads = hostile.threads(proc.pid)
     with hostile.Crowd(stats, trickling=200, trickle=SLOW_HTTP, interval=2.0) as crowd:
@@ -209,7 +189,7 @@ def test_stats_api_answers_while_200_clients_trickle(processes):
 
 
 def test_a_128_mib_request_line_does_not_grow_the_engine(processes):
-    proc, _, stats = start_engine(processes)
+    proc, _, stats = helpers.start_engine(processes)
     timed_get(f"http://127.0.0.1:{stats}/v1/sessions")
     before = hostile.rss_kib(proc.pid)
     line = b"GET /" + b"a" * (128 << 20)
@@ -222,7 +202,7 @@ def test_a_128_mib_request_line_does_not_grow_the_engine(processes):
 
 def test_1024_streams_all_move_and_memory_is_returned(processes):
     hostile.raise_open_files_limit()
-    proc, port, _ = start_engine(processes)
+    proc, port, _ = helpers.start_engine(processes)
     run = send(port, "--streams", 1024, "--time", 4, "--strict")
     assert run.returncode == 0, run.stderr
     report = final_json(run)
@@ -238,7 +218,7 @@ def test_16_concurrent_35_stream_sessions_all_move(processes):
     # 560 streams on two cores, 3 s each: every process runs its streams on a
     # worker per core in fair turns (issue 16), so none waits for a thread of
     # its own to be scheduled (thread per stream starved up to 12 of a session).
-    _, port, _ = start_engine(processes)
+    _, port, _ = helpers.start_engine(processes)
     runs = [
         subprocess.Popen(
             [LONGHAUL, "send", "--to", f"127.0.0.1:{port}", "--json", "--strict",

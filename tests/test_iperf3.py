@@ -54,23 +54,11 @@ def need_binaries():
 
 def start_server(processes, name, *extra):
     need_binaries()
-    control, stats, iperf3 = helpers.free_port(), helpers.free_port(), helpers.free_port()
-    proc = processes.start(
-        name,
-        [
-            LONGHAUL,
-            "serve",
-            "--listen",
-            f"127.0.0.1:{control}",
-            "--stats-listen",
-            f"127.0.0.1:{stats}",
-            "--iperf3-listen",
-            f"127.0.0.1:{iperf3}",
-            *extra,
-        ],
+    iperf3 = helpers.free_port()
+    proc, _, stats = helpers.start_engine(
+        processes, "--iperf3-listen", f"127.0.0.1:{iperf3}", *extra, name=name
     )
     processes.wait_port(proc, iperf3)
-    processes.wait_port(proc, stats)
     return SimpleNamespace(proc=proc, port=iperf3, stats=stats, name=name, processes=processes)
 
 
