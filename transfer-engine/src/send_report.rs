@@ -77,7 +77,63 @@ pub fn unix_millis(t: std::time::SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// What one finished send measured, from this end's point of view. From it
+/// [`FinalReport::new`] derives the figures every protocol reports alike.
+pub struct Measured {
+    pub mode: Mode,
+    pub direction: Direction,
+    pub streams: Vec<StreamResult>,
+    /// Bytes the receiving ends took in, client -> server and back.
+    pub sent: u64,
+    pub received: u64,
+    /// The data phase's length at this end.
+    pub seconds: f64,
+    pub local_cpu: CpuReport,
+    pub remote_cpu: CpuReport,
+    pub session: String,
+    pub peer: String,
+    pub started: std::time::SystemTime,
+    pub requested_seconds: Option<f64>,
+    pub mode_report: ModeReport,
+}
+
 impl FinalReport {
+    /// The final report of a send: totals, seconds to the microsecond,
+    /// throughput, CPU by role (the client is the sender unless it only
+    /// receives), the start instant in both forms.
+    pub fn new(m: Measured) -> FinalReport {
+        let bytes = m.sent + m.received;
+        let seconds = m.seconds.max(1e-9);
+        let cpu = match m.direction {
+            Direction::Receive => CpuPair {
+                sender: m.remote_cpu,
+                receiver: m.local_cpu,
+            },
+            _ => CpuPair {
+                sender: m.local_cpu,
+                receiver: m.remote_cpu,
+            },
+        };
+        FinalReport {
+            kind: "result",
+            mode: m.mode,
+            direction: m.direction,
+            bytes,
+            seconds: (seconds * 1e6).round() / 1e6,
+            throughput_bps: (bytes as f64 * 8.0 / seconds).round(),
+            bytes_sent: m.sent,
+            bytes_received: m.received,
+            streams: m.streams,
+            cpu,
+            session: m.session,
+            peer: m.peer,
+            started: crate::logline::rfc3339(m.started),
+            started_unix: unix_millis(m.started),
+            requested_seconds: m.requested_seconds,
+            mode_report: m.mode_report,
+        }
+    }
+
     /// Builds the client's final report from both ends' `Done`.
     pub fn from_outcome(
         mode: Mode,
@@ -117,36 +173,21 @@ impl FinalReport {
                 delivery_rate_bps: tcp.delivery_rate_bps,
             });
         }
-        let bytes = sent + received;
-        let seconds = local.seconds.max(1e-9);
-        let cpu = match direction {
-            Direction::Receive => CpuPair {
-                sender: remote.cpu,
-                receiver: local.cpu,
-            },
-            _ => CpuPair {
-                sender: local.cpu,
-                receiver: remote.cpu,
-            },
-        };
-        FinalReport {
-            kind: "result",
+        FinalReport::new(Measured {
             mode,
             direction,
-            bytes,
-            seconds: (seconds * 1e6).round() / 1e6,
-            throughput_bps: (bytes as f64 * 8.0 / seconds).round(),
-            bytes_sent: sent,
-            bytes_received: received,
             streams,
-            cpu,
+            sent,
+            received,
+            seconds: local.seconds,
+            local_cpu: local.cpu,
+            remote_cpu: remote.cpu,
             session,
             peer,
-            started: crate::logline::rfc3339(started),
-            started_unix: unix_millis(started),
+            started,
             requested_seconds: None,
             mode_report,
-        }
+        })
     }
 
     /// Human summary, a few lines.

@@ -20,7 +20,7 @@
 //! waker or a timer is taken out of epoll meanwhile.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -147,21 +147,21 @@ impl Waker {
 /// Each task is listed once however often it registers.
 #[derive(Debug, Default)]
 pub struct WaitList {
-    waiting: Mutex<Vec<Waker>>,
+    waiting: Mutex<VecDeque<Waker>>,
 }
 
 impl WaitList {
     pub fn add(&self, waker: &Waker) {
         let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         if !w.iter().any(|x| x.id == waker.id) {
-            w.push(waker.clone());
+            w.push_back(waker.clone());
         }
     }
 
     pub fn wake_one(&self) {
         let first = {
             let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            (!w.is_empty()).then(|| w.remove(0))
+            w.pop_front()
         };
         if let Some(w) = first {
             w.wake();

@@ -29,7 +29,7 @@ use crate::limits::{DATA_SOCKET_TIMEOUT, HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
 use crate::messages::{CpuReport, Direction, Mode, Role};
 use crate::planes::memory::MemoryPlane;
 use crate::planes::{Amount, Payload};
-use crate::send_report::{CpuPair, FinalReport, StreamResult as ReportStream};
+use crate::send_report::{FinalReport, Measured, StreamResult as ReportStream};
 use crate::session::{self, Side};
 use crate::sockopt;
 
@@ -486,19 +486,6 @@ fn report(
             }
         })
         .collect();
-    let bytes = sent + received;
-    let secs = seconds.max(1e-9);
-    let remote = server_cpu(theirs);
-    let cpu = match opts.direction {
-        Direction::Receive => CpuPair {
-            sender: remote,
-            receiver: cpu,
-        },
-        _ => CpuPair {
-            sender: cpu,
-            receiver: remote,
-        },
-    };
     let server_sent: u64 = (0..test.len())
         .filter(|&i| test.role(i) == Role::Receive)
         .filter_map(|i| theirs.stream(i as u32).map(|s| s.bytes))
@@ -523,27 +510,24 @@ fn report(
         ),
         ..ModeReport::default()
     };
-    FinalReport {
-        kind: "result",
+    FinalReport::new(Measured {
         mode: Mode::Memory,
         direction: opts.direction,
-        bytes,
-        seconds: (secs * 1e6).round() / 1e6,
-        throughput_bps: (bytes as f64 * 8.0 / secs).round(),
-        bytes_sent: sent,
-        bytes_received: received,
         streams,
-        cpu,
+        sent,
+        received,
+        seconds,
+        local_cpu: cpu,
+        remote_cpu: server_cpu(theirs),
         session: cookie.as_str().to_string(),
         peer: addr.to_string(),
-        started: crate::logline::rfc3339(started),
-        started_unix: crate::send_report::unix_millis(started),
+        started,
         requested_seconds: match opts.payload {
             Payload::Memory(Amount::Seconds(s)) => Some(s),
             _ => None,
         },
         mode_report,
-    }
+    })
 }
 
 #[cfg(test)]
