@@ -117,6 +117,11 @@ def rate(metric, *extra):
     return "rate(%s[$__rate_interval])" % sel(metric, *extra)
 
 
+def max_over(metric, *extra):
+    """A gauge's highest value over the rate interval, filtered as `sel`."""
+    return "max_over_time(%s[$__rate_interval])" % sel(metric, *extra)
+
+
 def recorded(series, *extra):
     """A recording rule's series: no `job` label (the rules aggregate it
     away), so only instance and the extra matchers filter it."""
@@ -129,10 +134,24 @@ def threshold(name):
 
 
 SESSION = 'session=~"$session"'
+PROTOCOL = 'protocol=~"$protocol"'
 # The end of a stream whose TCP state explains its throughput: the sending
 # socket (the engine lists both ends of each stream).
 SENDER = 'direction="send"'
 RECEIVER = 'direction="receive"'
+
+
+def of_protocol(vector):
+    """`vector` (series with instance and session labels) kept for the
+    sessions whose protocol (longhaul, or iperf3 for iperf3 clients' tests)
+    the protocol variable selects. Over the rate interval, so a session's
+    last rates stay while its info series is already gone."""
+    return "(%s and on (instance, session) %s)" % (
+        vector,
+        max_over("longhaul_session_info", SESSION, PROTOCOL),
+    )
+
+
 CONTROLLER = 'controller=~"$controller"'
 DEVICE = 'device=~"$device"'
 
@@ -244,8 +263,25 @@ def influx_var(name, label, query):
 
 JOB = prom_var("job", "Job", "label_values(up, job)")
 INSTANCE = prom_var("instance", "Instance", 'label_values(up{job=~"$job"}, instance)')
-SESSION_VAR = prom_var(
-    "session", "Session", "label_values(%s, session)" % sel("longhaul_session_info")
+
+
+def session_var(*extra):
+    """The sessions of longhaul_session_info (filtered by `extra` matchers)."""
+    return prom_var(
+        "session", "Session", "label_values(%s, session)" % sel("longhaul_session_info", *extra)
+    )
+
+
+SESSION_VAR = session_var()
+# The protocol a session speaks: longhaul, or iperf3 (an iperf3 client's test
+# against `longhaul serve --iperf3-listen`). "All" also matches sessions of
+# exporters older than the protocol label.
+PROTOCOL_VAR = query_var(
+    "protocol",
+    "Protocol",
+    PROM,
+    "label_values(%s, protocol)" % sel("longhaul_session_info"),
+    all_value=".*",
 )
 # Controllers of the raid collector and of the engine's per-device IO: the engine
 # labels a device that has no controller (tmpfs, loop, ram) "virtual", which no
@@ -414,35 +450,38 @@ def row(title):
 def prometheus_annotations(variable_names):
     """Annotations from Prometheus: firing longhaul alerts, and every
     session as a region from its start to its end (the engine lists a session
-    while it runs and for a minute after). Filtered by the dashboard's
-    instance and session variables where it has them."""
+    while it runs and for a minute after), tagged with its protocol (longhaul
+    or iperf3). Filtered by the dashboard's instance, session and protocol
+    variables where it has them."""
     where = ['job=~"$job"'] if "job" in variable_names else []
     where += ['instance=~"$instance"'] if "instance" in variable_names else []
     where += [SESSION] if "session" in variable_names else []
+    where += [PROTOCOL] if "protocol" in variable_names else []
     alert_where = ['alertstate="firing"', 'alertname=~"%s"' % ALERT_NAMES]
     return [
         Built(
             PrometheusAnnotationQuery(
                 name="Longhaul alerts",
-                expr="max by (alertname, severity, scope, instance, session, direction, peer_host) "
+                expr="max by (alertname, severity, scope, instance, session, direction, peer_host, "
+                "protocol) "
                 "(ALERTS{%s})" % ", ".join(alert_where),
                 icon_color="red",
                 step="30s",
                 title_format="{{alertname}} ({{severity}})",
                 text_format="{{instance}} {{peer_host}} session {{session}} {{direction}}",
-                tag_keys="scope,severity",
+                tag_keys="scope,severity,protocol",
             )
         ),
         Built(
             PrometheusAnnotationQuery(
                 name="Sessions",
-                expr="max by (instance, session, peer_host, mode, direction) "
+                expr="max by (instance, session, protocol, peer_host, mode, direction) "
                 "(longhaul_session_info{%s})" % ", ".join(where),
                 icon_color="blue",
                 step="30s",
                 title_format="session {{session}}",
                 text_format="{{peer_host}} and {{instance}}, {{mode}}, {{direction}} on {{instance}}",
-                tag_keys="mode,direction",
+                tag_keys="protocol,mode,direction",
             )
         ),
     ]
@@ -519,7 +558,8 @@ def total_throughput():
         "bps",
         [
             prom_target(
-                "8 * sum by (direction) (%s)" % rate("longhaul_session_bytes_total", SESSION),
+                "8 * sum by (direction) (%s)"
+                % of_protocol(rate("longhaul_session_bytes_total", SESSION)),
                 "{{direction}}",
             )
         ],
@@ -535,7 +575,7 @@ def stream_throughput():
         [
             prom_target(
                 "8 * sum by (instance, session, stream) (%s)"
-                % rate("longhaul_stream_bytes_total", SESSION, RECEIVER),
+                % of_protocol(rate("longhaul_stream_bytes_total", SESSION, RECEIVER)),
                 "{{session}}/{{stream}}",
             )
         ],
@@ -679,7 +719,7 @@ def transfer_overview():
             [
                 prom_target(
                     "count(sum by (instance, session) (%s) > 0) or vector(0)"
-                    % rate("longhaul_session_bytes_total", SESSION),
+                    % of_protocol(rate("longhaul_session_bytes_total", SESSION)),
                     instant=True,
                 )
             ],
@@ -691,7 +731,7 @@ def transfer_overview():
             [
                 prom_target(
                     "8 * sum(%s)"
-                    % rate("longhaul_session_bytes_total", SESSION, 'direction="receive"'),
+                    % of_protocol(rate("longhaul_session_bytes_total", SESSION, RECEIVER)),
                     instant=True,
                 )
             ],
@@ -704,7 +744,7 @@ def transfer_overview():
             [
                 prom_target(
                     "sum(%s) or vector(0)"
-                    % rate("longhaul_stream_retransmits_total", SESSION, SENDER),
+                    % of_protocol(rate("longhaul_stream_retransmits_total", SESSION, SENDER)),
                     instant=True,
                 )
             ],
@@ -715,8 +755,8 @@ def transfer_overview():
             "s",
             [
                 prom_target(
-                    "max(max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_rtt_seconds", SESSION, SENDER),
+                    "max(%s)"
+                    % of_protocol(max_over("longhaul_stream_rtt_seconds", SESSION, SENDER)),
                     instant=True,
                 )
             ],
@@ -729,7 +769,7 @@ def transfer_overview():
             [
                 prom_target(
                     "8 * sum by (instance, session, direction) (%s)"
-                    % rate("longhaul_session_bytes_total", SESSION),
+                    % of_protocol(rate("longhaul_session_bytes_total", SESSION)),
                     "{{instance}} {{session}} {{direction}}",
                 )
             ],
@@ -742,14 +782,17 @@ def transfer_overview():
             "bps",
             [
                 prom_target(
-                    "8 * %s" % recorded("longhaul:session_throughput_bytes:rate1m", SESSION),
+                    "8 * %s"
+                    % of_protocol(recorded("longhaul:session_throughput_bytes:rate1m", SESSION)),
                     "{{instance}} {{session}} {{direction}}",
                     "A",
                 ),
                 prom_target(
                     "8 * %s * on () group_left () %s"
                     % (
-                        recorded("longhaul:session_throughput_bytes:baseline", SESSION),
+                        of_protocol(
+                            recorded("longhaul:session_throughput_bytes:baseline", SESSION)
+                        ),
                         threshold("throughput_drop_ratio"),
                     ),
                     "{{instance}} {{session}} {{direction}} alert below",
@@ -768,7 +811,7 @@ def transfer_overview():
             [
                 prom_target(
                     "sum by (instance, session, stream) (%s)"
-                    % rate("longhaul_stream_retransmits_total", SESSION, SENDER),
+                    % of_protocol(rate("longhaul_stream_retransmits_total", SESSION, SENDER)),
                     "{{session}}/{{stream}}",
                 )
             ],
@@ -780,7 +823,7 @@ def transfer_overview():
             "percentunit",
             [
                 prom_target(
-                    recorded("longhaul:session_retransmit_ratio:rate5m", SESSION),
+                    of_protocol(recorded("longhaul:session_retransmit_ratio:rate5m", SESSION)),
                     "{{instance}} {{session}}",
                     "A",
                 ),
@@ -794,8 +837,8 @@ def transfer_overview():
             "s",
             [
                 prom_target(
-                    "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_rtt_seconds", SESSION, SENDER),
+                    "max by (instance, session, stream) (%s)"
+                    % of_protocol(max_over("longhaul_stream_rtt_seconds", SESSION, SENDER)),
                     "{{session}}/{{stream}}",
                 )
             ],
@@ -807,8 +850,8 @@ def transfer_overview():
             "bytes",
             [
                 prom_target(
-                    "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_cwnd_bytes", SESSION, SENDER),
+                    "max by (instance, session, stream) (%s)"
+                    % of_protocol(max_over("longhaul_stream_cwnd_bytes", SESSION, SENDER)),
                     "{{session}}/{{stream}}",
                 )
             ],
@@ -820,8 +863,10 @@ def transfer_overview():
             "Bps",
             [
                 prom_target(
-                    "max by (instance, session, stream) (max_over_time(%s[$__rate_interval]))"
-                    % sel("longhaul_stream_pacing_rate_bytes_per_second", SESSION, SENDER),
+                    "max by (instance, session, stream) (%s)"
+                    % of_protocol(
+                        max_over("longhaul_stream_pacing_rate_bytes_per_second", SESSION, SENDER)
+                    ),
                     "{{session}}/{{stream}}",
                 )
             ],
@@ -886,15 +931,15 @@ def transfer_overview():
             "bps",
             [
                 prom_target(
-                    "max by (instance, session, peer, peer_host, mode, direction) "
-                    "(max_over_time(%s[$__rate_interval]))" % sel("longhaul_session_info", SESSION),
+                    "max by (instance, session, protocol, peer, peer_host, mode, direction) (%s)"
+                    % max_over("longhaul_session_info", SESSION, PROTOCOL),
                     ref="A",
                     instant=True,
                     table=True,
                 ),
                 prom_target(
                     "8 * sum by (instance, session) (%s)"
-                    % rate("longhaul_session_bytes_total", SESSION),
+                    % of_protocol(rate("longhaul_session_bytes_total", SESSION)),
                     ref="B",
                     instant=True,
                     table=True,
@@ -906,7 +951,7 @@ def transfer_overview():
         "transfer",
         "longhaul / Transfer overview",
         "Throughput, streams, retransmits, RTT and cwnd of longhaul transfers.",
-        [datasource_var("prometheus"), JOB, INSTANCE, SESSION_VAR],
+        [datasource_var("prometheus"), JOB, INSTANCE, PROTOCOL_VAR, session_var(PROTOCOL)],
         panels,
     )
 
@@ -1239,7 +1284,8 @@ def campaign():
             datasource_var("influxdb"),
             JOB,
             INSTANCE,
-            SESSION_VAR,
+            PROTOCOL_VAR,
+            session_var(PROTOCOL),
             DEVICE_VAR,
             ROUTER_VAR,
             INTERFACE_VAR,

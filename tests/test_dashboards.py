@@ -365,6 +365,27 @@ def test_total_throughput_matches_engine(live):
     )
 
 
+def test_protocol_variable_selects_sessions(live):
+    """The Transfer overview's session panels keep the sessions of the
+    selected protocol: the stack's transfers are longhaul sessions (its
+    iperf3 runs against iperf3's own server, no longhaul session), so
+    protocol=longhaul shows them and protocol=iperf3 shows none."""
+    stack, run = live
+    start, end = time_range(run)
+    board = load_dashboards()["transfer-overview.json"]
+    panel = next(p for p in panels_of(board) if p["title"] == "Throughput per session")
+    (target,) = panel["targets"]
+    assert "$protocol" in target["expr"], target["expr"]
+    values = prom_values("transfer-overview.json")
+    shown = {}
+    for protocol in ("longhaul", "iperf3"):
+        values["protocol"] = protocol
+        result = stack.prom_range(substitute(target["expr"], values), start, end)
+        shown[protocol] = {series["metric"]["session"] for series in result}
+    assert shown["longhaul"], "protocol=longhaul shows no session"
+    assert shown["iperf3"] == set(), "protocol=iperf3 shows longhaul sessions: %s" % shown
+
+
 def test_rules_loaded(live):
     """Prometheus loaded the repository's rule files and evaluates them."""
     stack, _ = live

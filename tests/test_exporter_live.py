@@ -250,6 +250,8 @@ def test_longhaul_stream_counters_grow(procs):
         assert v2 > s1[key], f"stream {dict(key)} did not grow: {s1[key]} -> {v2}"
     sessions = series(second, "longhaul_session_info")
     assert sessions, "no longhaul_session_info"
+    protocols = {dict(k).get("protocol") for k in sessions}
+    assert protocols == {"longhaul"}, f"a longhaul send is not protocol=longhaul: {sessions}"
     # The engine collector reports longhaul's sockets; the tcp collector,
     # watching the engine's port, leaves both loopback ends of every stream
     # (and the control connection) to it: no series twice.

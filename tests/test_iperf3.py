@@ -222,10 +222,10 @@ def start_exporter(server):
 
 
 def exported_streams(port):
-    """{session: set of streams} of longhaul_stream_bytes_total, and the
-    sessions of longhaul_session_info, from one scrape."""
+    """{session: set of streams} of longhaul_stream_bytes_total, and
+    {session: protocol label} of longhaul_session_info, from one scrape."""
     text = helpers.http_get(f"http://127.0.0.1:{port}/metrics")
-    streams, info = {}, set()
+    streams, info = {}, {}
     for line in text.splitlines():
         if line.startswith(("longhaul_stream_bytes_total{", "longhaul_session_info{")):
             labels = dict(
@@ -233,7 +233,7 @@ def exported_streams(port):
             )
             session = labels["session"].strip('"')
             if line.startswith("longhaul_session_info"):
-                info.add(session)
+                info[session] = labels.get("protocol", "").strip('"')
             else:
                 streams.setdefault(session, set()).add(labels["stream"].strip('"'))
     return streams, info
@@ -263,10 +263,11 @@ def test_16_iperf3_clients_at_once(server):
 
         seen = helpers.wait_until(sixteen_running, 30, "16 running iperf3 sessions", 0.2)
         assert all(st["bytes"] >= 0 and st["local"] for s in seen for st in s["streams"])
-        # The exporter shows the same 16 sessions, each with its 2 streams.
+        # The exporter shows the same 16 sessions as iperf3 tests, each with
+        # its 2 streams.
         streams, info = exported_streams(exporter)
         for s in seen:
-            assert s["id"] in info, (s["id"], sorted(info))
+            assert info.get(s["id"]) == "iperf3", (s["id"], info)
             assert len(streams.get(s["id"], ())) == 2, (s["id"], streams.get(s["id"]))
         outputs = [c.communicate(timeout=90) for c in clients]
     finally:

@@ -14,13 +14,17 @@
 //! ends of a stream have opposite directions, so every per-stream series
 //! carries `direction`: `direction="send"` is the sending socket, whose
 //! cwnd, retransmits and pacing rate are the ones that matter.
+//!
+//! `longhaul_session_info` carries the session's `protocol`: `longhaul`, or
+//! `iperf3` for an iperf3 client's test (`longhaul serve --iperf3-listen`),
+//! so rules and dashboards that join on it can tell the two apart.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use longhaul_stats_api::{Direction, Mode, Session, Snapshot, SESSIONS_PATH};
+use longhaul_stats_api::{Direction, Mode, Protocol, Session, Snapshot, SESSIONS_PATH};
 
 use crate::collector::{Collector, CollectorSpec};
 use crate::config::Config;
@@ -110,6 +114,13 @@ fn mode_str(m: Mode) -> &'static str {
     }
 }
 
+fn protocol_str(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Longhaul => "longhaul",
+        Protocol::Iperf3 => "iperf3",
+    }
+}
+
 fn dir_str(d: Direction) -> &'static str {
     match d {
         Direction::Send => "send",
@@ -142,7 +153,7 @@ struct TcpSums {
 pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
     let mut info = Family::gauge(
         "longhaul_session_info",
-        "A longhaul session known to the engine (running, or finished moments ago); always 1.",
+        "A session known to the engine (running, or finished moments ago), with the protocol it speaks (longhaul or iperf3); always 1.",
     );
     let mut session_bytes = Family::counter(
         "longhaul_session_bytes_total",
@@ -189,6 +200,7 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         labels.extend([
             ("mode", mode_str(s.mode)),
             ("direction", dir_str(s.direction)),
+            ("protocol", protocol_str(s.protocol)),
         ]);
         info.push(&labels, 1.0);
         session_bytes.push_u64(&[("session", id), ("direction", "send")], s.bytes_sent);
@@ -418,6 +430,51 @@ mod tests {
         assert_eq!(value("longhaul_stream_bytes_total", "other", "send"), 15.0);
         let info = &family("longhaul_session_info").samples[0];
         assert_eq!(info.labels[2], ("peer_host", "xfer-a".to_string()));
+    }
+
+    /// Every session's info series names its protocol; an iperf3 test's
+    /// streams are exported like any session's.
+    #[test]
+    fn session_info_names_the_protocol() {
+        let mut snap = snapshot(2);
+        let mut iperf3 = snap.sessions[0].clone();
+        iperf3.id = "i1".into();
+        iperf3.protocol = Protocol::Iperf3;
+        iperf3.mode = Mode::Memory;
+        iperf3.devices.clear();
+        snap.sessions.push(iperf3);
+        let fams = families(&snap, 256);
+        let family = |name: &str| fams.iter().find(|f| f.name == name).unwrap();
+        let label = |labels: &[(&'static str, String)], key: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let protocols: Vec<(String, Option<String>)> = family("longhaul_session_info")
+            .samples
+            .iter()
+            .map(|s| (s.labels[0].1.clone(), label(&s.labels, "protocol")))
+            .collect();
+        assert_eq!(
+            protocols,
+            [
+                ("s1".to_string(), Some("longhaul".to_string())),
+                ("i1".to_string(), Some("iperf3".to_string())),
+            ]
+        );
+        let iperf3_streams = family("longhaul_stream_bytes_total")
+            .samples
+            .iter()
+            .filter(|s| s.labels[0].1 == "i1")
+            .count();
+        assert_eq!(iperf3_streams, 2);
+        // The per-stream series keep their labels: protocol is on the info
+        // series only, for joins.
+        assert!(family("longhaul_stream_retransmits_total")
+            .samples
+            .iter()
+            .all(|s| label(&s.labels, "protocol").is_none()));
     }
 
     #[test]
