@@ -635,6 +635,105 @@ def test_iperf3_authentication(auth_server):
     assert rc == 0 and "error" not in data, (rc, data and data.get("error"), stderr)
 
 
+# ------------------------------------------------------------ server-side limits
+
+# --iperf3-max-duration of `duration_limited`, --iperf3-server-bitrate-limit
+# of `rate_limited` (a test must outlast the 5 s rate window, so not both).
+LIMIT_MAX_S = 3
+LIMIT_RATE = "200M"
+
+
+@pytest.fixture(scope="module")
+def duration_limited(module_processes):
+    return start_server(
+        module_processes, "serve-iperf3-max-duration", "--iperf3-max-duration", str(LIMIT_MAX_S)
+    )
+
+
+@pytest.fixture(scope="module")
+def rate_limited(module_processes):
+    return start_server(
+        module_processes, "serve-iperf3-rate-limit", "--iperf3-server-bitrate-limit", LIMIT_RATE
+    )
+
+
+def test_test_longer_than_max_duration_is_refused(duration_limited):
+    # iperf3's error text; "maximum" is the client's own compiled-in limit.
+    _, data, _ = run_iperf3(duration_limited.port, "-t", LIMIT_MAX_S + 7, "-b", "10M")
+    assert data["error"].startswith("test duration too long"), data.get("error")
+    # -t plus -O counts.
+    _, data, _ = run_iperf3(duration_limited.port, "-t", LIMIT_MAX_S, "-O", 1, "-b", "10M")
+    assert data["error"].startswith("test duration too long"), data.get("error")
+    log = duration_limited.processes.log(duration_limited.name)
+    assert f"this server allows {LIMIT_MAX_S} s" in log, log
+    # A test of exactly the longest runs to its end, and the server serves on.
+    data = iperf3_ok(duration_limited, "-t", LIMIT_MAX_S, "-b", "50M")
+    check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 1)
+    still_serves(duration_limited)
+
+
+def test_test_running_past_max_duration_is_stopped(duration_limited):
+    # -n without -t asks for no time (0): admitted, and stopped by the
+    # server once the longest test and the grace have passed.
+    began = time.monotonic()
+    _, data, _ = run_iperf3(duration_limited.port, "-n", "10G", "-b", "50M", timeout=60)
+    took = time.monotonic() - began
+    assert data["error"].startswith("test duration too long"), data.get("error")
+    assert LIMIT_MAX_S <= took < LIMIT_MAX_S + 10, took
+    still_serves(duration_limited)
+
+
+def test_bitrate_above_the_limit_is_refused(rate_limited):
+    for args in (["-b", "300M"], ["-P", 2, "-b", "150M"], ["--bidir", "-b", "150M"]):
+        _, data, _ = run_iperf3(rate_limited.port, "-t", 1, *args)
+        assert data["error"] == "total required bandwidth is larger than server limit", (
+            args,
+            data.get("error"),
+        )
+    # Within the limit in all: runs.
+    data = iperf3_ok(rate_limited, "-t", 1, "-P", 2, "-b", "90M")
+    check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 2)
+
+
+def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited):
+    # Loopback runs Gb/s: over the 5 s window the average passes the limit
+    # and the server ends the test. The client, writing as fast as it can,
+    # sees its data connection closed (3.12 with -J still exits 0).
+    began = time.monotonic()
+    _, data, stderr = run_iperf3(rate_limited.port, "-t", 30, timeout=60)
+    took = time.monotonic() - began
+    assert data is not None and "error" in data, (data and data.get("end"), stderr)
+    assert took < 12, f"stopped after {took:.1f} s, not within the 5 s window and a check"
+    assert len(data["intervals"]) < 10, len(data["intervals"])
+    log = rate_limited.processes.log(rate_limited.name)
+    assert "over 5 s; this server allows 200.00 Mb/s" in log, log
+    still_serves(rate_limited)
+
+
+@pytest.mark.parametrize(
+    "flag, value, why",
+    [
+        ("--iperf3-max-duration", "0", "at least 1"),
+        ("--iperf3-max-duration", "1.5", "whole number of seconds"),
+        ("--iperf3-max-duration", "forever", "forever"),
+        ("--iperf3-max-duration", "100000", "86400"),
+        ("--iperf3-server-bitrate-limit", "0", "must be positive"),
+        ("--iperf3-server-bitrate-limit", "fast", "fast"),
+        ("--iperf3-server-bitrate-limit", "5X", "5X"),
+    ],
+)
+def test_bad_limit_flags_exit_2_naming_the_flag(flag, value, why):
+    need_binaries()
+    result = subprocess.run(
+        [str(LONGHAUL), "serve", "--iperf3-listen", "127.0.0.1:0", f"{flag}={value}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert flag in result.stderr and why in result.stderr, result.stderr
+
+
 # ------------------------------------------------------------ longhaul as the client
 
 

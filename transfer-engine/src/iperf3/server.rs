@@ -725,8 +725,11 @@ fn run_until_test_end(
     let omit_end = (params.omit > 0).then(|| start + Duration::from_secs(params.omit));
     let mut omitted = false;
     // A timed test must end within its time plus the shutdown grace; any
-    // test within the server's longest.
-    let mut hard_end = start + limits.max_duration;
+    // test within the server's longest plus [`SEND_GRACE`] (the client's
+    // clock starts a round trip before ours: a `-t` of exactly the
+    // server's longest must not be cut off at its last instant).
+    let limit_end = start + limits.max_duration + SEND_GRACE;
+    let mut hard_end = limit_end;
     if params.time > 0 && params.byte_limit().is_none() {
         hard_end =
             hard_end.min(start + Duration::from_secs(params.time + params.omit) + SHUTDOWN_TIMEOUT);
@@ -769,7 +772,7 @@ fn run_until_test_end(
             }
         }
         if now >= hard_end {
-            let code = if now >= start + limits.max_duration {
+            let code = if now >= limit_end {
                 ErrorCode::Duration
             } else {
                 ErrorCode::NoMessage
