@@ -768,3 +768,29 @@ def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
     if direction:
         assert ours["bytes_received"] > 0
     assert ours["iperf3"]["server"]["streams"], ours["iperf3"]
+
+
+def test_send_protocol_iperf3_starts_at_the_instant_given(server):
+    # Campaign phases hand every sender one --start-at instant: the iperf3
+    # client connects then, not before; an instant already past is refused.
+    at = time.time() + 3
+    result = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{server.port}"]
+        + ["--time", "1", "--json", "--start-at", f"{at:.3f}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    assert at <= ours["started_unix"] < at + 2, (at, ours["started_unix"])
+    assert ours["bytes"] > 0
+    late = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{server.port}"]
+        + ["--time", "1", "--json", "--start-at", f"{time.time() - 5:.3f}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert late.returncode == 2, (late.returncode, late.stderr)
+    assert "--start-at" in late.stderr and "passed" in late.stderr, late.stderr

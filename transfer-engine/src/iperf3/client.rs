@@ -203,6 +203,15 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     let byte_limit = check(opts)?;
     let p = params(opts);
     let addr = connection::resolve(&opts.to)?;
+    // iperf3's server starts the test as soon as the streams are attached,
+    // so `--start-at` is when we connect: a round trip or two before the
+    // data flows.
+    crate::client::check_start_at(opts.start_at)?;
+    if let Some(at) = opts.start_at {
+        if let Ok(wait) = at.duration_since(std::time::SystemTime::now()) {
+            std::thread::sleep(wait);
+        }
+    }
     let ctrl = connection::connect(addr)?;
     let cookie = Cookie::random();
     ctrl.set_nodelay(true)
