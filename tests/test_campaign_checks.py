@@ -95,6 +95,10 @@ IPERF3_RUN = {"name": "r", "sender": "xfer-a", "receiver": "xfer-b", "protocol":
         pytest.param({**IPERF3_RUN, "protocol": "iperf2"}, None, "protocol is longhaul", id="iperf2"),
         pytest.param({**IPERF3_RUN, "bidir": True, "reverse": True}, None, "bidir and reverse",
                      id="bidir-and-reverse"),
+        pytest.param({**IPERF3_RUN, "udp": True}, None, "needs protocol iperf3 and a rate",
+                     id="udp-without-rate"),
+        pytest.param({"name": "r", "sender": "xfer-a", "receiver": "xfer-b", "udp": True, "rate": "1M"},
+                     None, "needs protocol iperf3 and a rate", id="udp-without-iperf3"),
     ],
 )
 def test_campaign_refuses_runs_iperf3_cannot_make(tmp_path, run, receiver_vars, why):
@@ -109,7 +113,11 @@ def test_campaign_refuses_runs_iperf3_cannot_make(tmp_path, run, receiver_vars, 
 def test_campaign_passes_a_valid_iperf3_run_on_to_the_hosts(tmp_path):
     # The control: the same checks let a memory iperf3 run through, and the
     # playbook goes on to the receivers (unreachable here).
-    done = run_campaign(tmp_path, [{**IPERF3_RUN, "streams": 128, "reverse": True}])
+    done = run_campaign(
+        tmp_path,
+        [{**IPERF3_RUN, "streams": 128, "reverse": True},
+         {**IPERF3_RUN, "name": "u", "udp": True, "rate": "100M"}],
+    )
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-3000:]
     assert "Start the receivers' engine" in out and "UNREACHABLE" in out, out[-3000:]

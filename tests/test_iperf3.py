@@ -794,3 +794,80 @@ def test_send_protocol_iperf3_starts_at_the_instant_given(server):
     )
     assert late.returncode == 2, (late.returncode, late.stderr)
     assert "--start-at" in late.stderr and "passed" in late.stderr, late.stderr
+
+
+# iperf3's UDP payload when the client names none (params.rs DEFAULT_UDP_BLOCK).
+UDP_BLOCK = 1460
+
+
+@pytest.mark.parametrize("direction", [[], ["--reverse"]], ids=["forward", "reverse"])
+def test_send_protocol_iperf3_udp_against_iperf3_server(processes, direction):
+    need_binaries()
+    port = helpers.free_port()
+    iperf3 = processes.start("iperf3-s-udp", [IPERF3, "-s", "-1", "-J", "-p", port])
+    helpers.wait_until(lambda: listening(port), 10, f"iperf3 -s on port {port}", 0.1)
+    result = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--udp", "--rate", "100M"]
+        + ["--to", f"127.0.0.1:{port}", "--time", "2", "--streams", "2", "--json", *direction],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    iperf3.wait(timeout=30)
+    end = json.loads(processes.log("iperf3-s-udp"))["end"]["sum"]
+    # Paced: 100 Mb/s for 2 s, give or take the start.
+    assert 20e6 < ours["bytes"] < 30e6, ours["bytes"]
+    if direction:
+        # What the server sent against what we counted (the datagrams in
+        # flight at TEST_END are not counted, as iperf3 does).
+        assert ours["bytes_received"] == ours["bytes"]
+        assert abs(ours["bytes_received"] - end["bytes"]) <= end["bytes"] / 100, (ours, end)
+    else:
+        # The server's datagram count against ours (3.12's server reports
+        # its UDP receive bytes as 0 in this sum).
+        received = end["packets"] - end["lost_packets"]
+        assert abs(ours["bytes_sent"] / UDP_BLOCK - received) <= received / 100, (ours, end)
+        here = ours["iperf3"]["bytes_sent_here"] / UDP_BLOCK
+        assert abs(here - received) <= received / 100, (here, end)
+        assert "jitter_ms" in end
+    server_streams = ours["iperf3"]["server"]["streams"]
+    assert len(server_streams) == 2 and all("jitter" in s for s in server_streams), server_streams
+
+
+def test_send_protocol_iperf3_udp_bidir_against_longhaul(server):
+    result = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--udp", "--rate", "200M", "--bidir"]
+        + ["--to", f"127.0.0.1:{server.port}", "--time", "2", "--streams", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    assert ours["direction"] == "bidir" and len(ours["streams"]) == 4, ours
+    assert ours["bytes_sent"] > 0 and ours["bytes_received"] > 0, ours
+    theirs = ours["iperf3"]["server"]["streams"]
+    assert all(s["packets"] > 0 and s["errors"] >= 0 for s in theirs), theirs
+    still_serves(server)
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--udp", "--rate", "1M"], "--protocol iperf3"),
+        (["--protocol", "iperf3", "--udp"], "--rate"),
+    ],
+    ids=["without-protocol-iperf3", "without-rate"],
+)
+def test_send_udp_usage_errors(args, why):
+    need_binaries()
+    result = subprocess.run(
+        [LONGHAUL, "send", "--to", "127.0.0.1:1", "--time", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "--udp" in result.stderr and why in result.stderr, result.stderr

@@ -258,6 +258,11 @@ pub struct SendArgs {
     /// server; memory mode, up to 128 streams)
     #[arg(long, value_enum, default_value_t = WireProtocol::Longhaul)]
     pub protocol: WireProtocol,
+    /// iperf3's UDP test, as `iperf3 -u` (with --protocol iperf3 and
+    /// --rate): datagrams paced at --rate, the server's jitter and loss in
+    /// the JSON
+    #[arg(long)]
+    pub udp: bool,
 }
 
 /// What `send --protocol` speaks.
@@ -579,6 +584,17 @@ impl SendArgs {
                 disk: self.files.disk(self.follow_symlinks),
             }
         };
+        if self.udp && self.protocol != WireProtocol::Iperf3 {
+            return Err(bad(
+                "--udp is iperf3's UDP test: it needs --protocol iperf3".into(),
+            ));
+        }
+        if self.udp && self.run.rate.is_none() {
+            return Err(bad(
+                "--udp needs --rate: UDP has no congestion control, the datagrams go at the rate given"
+                    .into(),
+            ));
+        }
         let mut o = SendOptions::new(self.to.clone(), payload);
         self.run.apply("send", &mut o)?;
         o.direction = match (self.bidir, self.reverse) {
