@@ -737,17 +737,18 @@ def test_bad_limit_flags_exit_2_naming_the_flag(flag, value, why):
 # ------------------------------------------------------------ longhaul as the client
 
 
-@pytest.mark.parametrize("direction", [[], ["--reverse"], ["--bidir"]], ids=["forward", "reverse", "bidir"])
-def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
+def send_to_iperf3_server(processes, name, *args):
+    """`longhaul send --protocol iperf3 ARGS` (2 streams, 2 s) against one
+    test of Debian's `iperf3 -s -J`: (our final JSON, the server's "end")."""
     need_binaries()
     port = helpers.free_port()
-    iperf3 = processes.start("iperf3-s", [IPERF3, "-s", "-1", "-J", "-p", port])
+    iperf3 = processes.start(name, [IPERF3, "-s", "-1", "-J", "-p", port])
     # Not by connecting: `-s -1` would take that for its one test.
     helpers.wait_until(lambda: listening(port), 10, f"iperf3 -s on port {port}", 0.1)
     processes.check_running(iperf3)
     result = subprocess.run(
         [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{port}"]
-        + ["--time", "2", "--streams", "2", "--json", *direction],
+        + ["--time", "2", "--streams", "2", "--json", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -755,7 +756,12 @@ def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
     assert result.returncode == 0, result.stderr
     ours = json.loads(result.stdout.strip().splitlines()[-1])
     iperf3.wait(timeout=30)
-    end = json.loads(processes.log("iperf3-s"))["end"]
+    return ours, json.loads(processes.log(name))["end"]
+
+
+@pytest.mark.parametrize("direction", [[], ["--reverse"], ["--bidir"]], ids=["forward", "reverse", "bidir"])
+def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
+    ours, end = send_to_iperf3_server(processes, "iperf3-s", *direction)
 
     def server(key):
         return end.get(key, {}).get("bytes", 0) + end.get(key + "_bidir_reverse", {}).get("bytes", 0)
@@ -773,25 +779,22 @@ def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
 def test_send_protocol_iperf3_starts_at_the_instant_given(server):
     # Campaign phases hand every sender one --start-at instant: the iperf3
     # client connects then, not before; an instant already past is refused.
+    def send_at(at):
+        return subprocess.run(
+            [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{server.port}"]
+            + ["--time", "1", "--json", "--start-at", f"{at:.3f}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     at = time.time() + 3
-    result = subprocess.run(
-        [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{server.port}"]
-        + ["--time", "1", "--json", "--start-at", f"{at:.3f}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = send_at(at)
     assert result.returncode == 0, result.stderr
     ours = json.loads(result.stdout.strip().splitlines()[-1])
     assert at <= ours["started_unix"] < at + 2, (at, ours["started_unix"])
     assert ours["bytes"] > 0
-    late = subprocess.run(
-        [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{server.port}"]
-        + ["--time", "1", "--json", "--start-at", f"{time.time() - 5:.3f}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    late = send_at(time.time() - 5)
     assert late.returncode == 2, (late.returncode, late.stderr)
     assert "--start-at" in late.stderr and "passed" in late.stderr, late.stderr
 
@@ -802,21 +805,10 @@ UDP_BLOCK = 1460
 
 @pytest.mark.parametrize("direction", [[], ["--reverse"]], ids=["forward", "reverse"])
 def test_send_protocol_iperf3_udp_against_iperf3_server(processes, direction):
-    need_binaries()
-    port = helpers.free_port()
-    iperf3 = processes.start("iperf3-s-udp", [IPERF3, "-s", "-1", "-J", "-p", port])
-    helpers.wait_until(lambda: listening(port), 10, f"iperf3 -s on port {port}", 0.1)
-    result = subprocess.run(
-        [LONGHAUL, "send", "--protocol", "iperf3", "--udp", "--rate", "100M"]
-        + ["--to", f"127.0.0.1:{port}", "--time", "2", "--streams", "2", "--json", *direction],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    ours, end = send_to_iperf3_server(
+        processes, "iperf3-s-udp", "--udp", "--rate", "100M", *direction
     )
-    assert result.returncode == 0, result.stderr
-    ours = json.loads(result.stdout.strip().splitlines()[-1])
-    iperf3.wait(timeout=30)
-    end = json.loads(processes.log("iperf3-s-udp"))["end"]["sum"]
+    end = end["sum"]
     # Paced: 100 Mb/s for 2 s, give or take the start.
     assert 20e6 < ours["bytes"] < 30e6, ours["bytes"]
     if direction:
