@@ -695,14 +695,19 @@ def test_bitrate_above_the_limit_is_refused(rate_limited):
     check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 2)
 
 
-def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited):
+@pytest.mark.parametrize("args", [[], ["-R"], ["-P", 4]], ids=["forward", "reverse", "P4"])
+def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited, args):
     # Loopback runs Gb/s: over the 5 s window the average passes the limit
-    # and the server ends the test. The client, writing as fast as it can,
-    # sees its data connection closed (3.12 with -J still exits 0).
+    # and the server ends the test, telling the client why before its data
+    # connections close, so the client prints iperf3's own error.
     began = time.monotonic()
-    _, data, stderr = run_iperf3(rate_limited.port, "-t", 30, timeout=60)
+    _, data, stderr = run_iperf3(rate_limited.port, "-t", 30, *args, timeout=60)
     took = time.monotonic() - began
-    assert data is not None and "error" in data, (data and data.get("end"), stderr)
+    assert data is not None, stderr
+    assert data.get("error") == "total required bandwidth is larger than server limit", (
+        data.get("error"),
+        stderr,
+    )
     assert took < 12, f"stopped after {took:.1f} s, not within the 5 s window and a check"
     assert len(data["intervals"]) < 10, len(data["intervals"])
     log = rate_limited.processes.log(rate_limited.name)

@@ -85,6 +85,10 @@ const DRAIN_MAX: Duration = Duration::from_secs(10);
 /// `--server-bitrate-limit` averages over 5 s by default.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
 
+/// How long a test the server ends keeps its data connections open for
+/// the client to read why ([`tell_while_running`]).
+const TELL_GRACE: Duration = Duration::from_secs(2);
+
 /// What `--iperf3-listen` and its companions say.
 #[derive(Debug, Clone)]
 pub struct Iperf3Options {
@@ -465,7 +469,8 @@ fn test_phases(
     control::send_state(&mut w, State::TestRunning)?;
     let start = test.go()?;
     let cpu_start = CpuSnapshot::now();
-    let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)?;
+    let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)
+        .map_err(|f| tell_while_running(stream, f, events))?;
     test.stop_counting();
     let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
     let wall = ended_at.duration_since(start).as_secs_f64();
@@ -817,6 +822,26 @@ fn run_until_test_end(
             }
         }
     }
+}
+
+/// Tells the client why its running test ends while the test's data
+/// connections are still open (they close when the test is dropped), and
+/// waits up to [`TELL_GRACE`] for the client to read it and leave. A
+/// client writing as fast as it can would otherwise find its data
+/// connection closed ("Broken pipe") before it reads the reason.
+fn tell_while_running(stream: &TcpStream, mut f: Failure, events: &Receiver<Event>) -> Failure {
+    if let Some(code) = f.tell.take() {
+        control::send_server_error(&mut &*stream, code);
+        let deadline = Instant::now() + TELL_GRACE;
+        while let Ok(event) =
+            events.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            if matches!(event, Event::Control(Heard::Closed | Heard::Failed(_))) {
+                break;
+            }
+        }
+    }
+    f
 }
 
 /// The average rate over the last [`RATE_WINDOW`], once a whole window
