@@ -81,10 +81,17 @@ IPERF3_RUN = {"name": "r", "sender": "xfer-a", "receiver": "xfer-b", "protocol":
     "run, receiver_vars, why",
     [
         pytest.param(
-            {**IPERF3_RUN, "mode": "disk", "paths": ["/srv/x"]}, None, "memory to memory only", id="disk"
+            {**IPERF3_RUN, "mode": "disk", "paths": ["/srv/x"]},
+            None,
+            "memory to memory only",
+            id="disk",
         ),
-        pytest.param({**IPERF3_RUN, "kind": "sweep", "sweep_streams": "1", "sweep_buffers": "2M"},
-                     None, "memory to memory only", id="sweep"),
+        pytest.param(
+            {**IPERF3_RUN, "kind": "sweep", "sweep_streams": "1", "sweep_buffers": "2M"},
+            None,
+            "memory to memory only",
+            id="sweep",
+        ),
         pytest.param({**IPERF3_RUN, "streams": 129}, None, "up to 128 streams", id="streams-129"),
         pytest.param(
             IPERF3_RUN,
@@ -92,13 +99,27 @@ IPERF3_RUN = {"name": "r", "sender": "xfer-a", "receiver": "xfer-b", "protocol":
             'longhaul_engine_iperf3_listen of xfer-b: ""',
             id="receiver-without-iperf3",
         ),
-        pytest.param({**IPERF3_RUN, "protocol": "iperf2"}, None, "protocol is longhaul", id="iperf2"),
-        pytest.param({**IPERF3_RUN, "bidir": True, "reverse": True}, None, "bidir and reverse",
-                     id="bidir-and-reverse"),
-        pytest.param({**IPERF3_RUN, "udp": True}, None, "needs protocol iperf3 and a rate",
-                     id="udp-without-rate"),
-        pytest.param({"name": "r", "sender": "xfer-a", "receiver": "xfer-b", "udp": True, "rate": "1M"},
-                     None, "needs protocol iperf3 and a rate", id="udp-without-iperf3"),
+        pytest.param(
+            {**IPERF3_RUN, "protocol": "iperf2"}, None, "protocol is longhaul", id="iperf2"
+        ),
+        pytest.param(
+            {**IPERF3_RUN, "bidir": True, "reverse": True},
+            None,
+            "bidir and reverse",
+            id="bidir-and-reverse",
+        ),
+        pytest.param(
+            {**IPERF3_RUN, "udp": True},
+            None,
+            "needs protocol iperf3 and a rate",
+            id="udp-without-rate",
+        ),
+        pytest.param(
+            {"name": "r", "sender": "xfer-a", "receiver": "xfer-b", "udp": True, "rate": "1M"},
+            None,
+            "needs protocol iperf3 and a rate",
+            id="udp-without-iperf3",
+        ),
     ],
 )
 def test_campaign_refuses_runs_iperf3_cannot_make(tmp_path, run, receiver_vars, why):
@@ -115,8 +136,10 @@ def test_campaign_passes_a_valid_iperf3_run_on_to_the_hosts(tmp_path):
     # playbook goes on to the receivers (unreachable here).
     done = run_campaign(
         tmp_path,
-        [{**IPERF3_RUN, "streams": 128, "reverse": True},
-         {**IPERF3_RUN, "name": "u", "udp": True, "rate": "100M"}],
+        [
+            {**IPERF3_RUN, "streams": 128, "reverse": True},
+            {**IPERF3_RUN, "name": "u", "udp": True, "rate": "100M"},
+        ],
     )
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-3000:]

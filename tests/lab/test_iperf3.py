@@ -36,7 +36,7 @@ ENGINE_SESSIONS = (
 
 
 def iperf3_sessions(lab):
-    done = lab.sh("xfer-b", "python3 -c \"%s\"" % ENGINE_SESSIONS, check=False)
+    done = lab.sh("xfer-b", 'python3 -c "%s"' % ENGINE_SESSIONS, check=False)
     if done.returncode != 0:
         return []
     return [s for s in json.loads(done.stdout)["sessions"] if s.get("protocol") == "iperf3"]
@@ -80,8 +80,10 @@ def test_iperf3_campaign_result_has_designs_fields(iperf3_run):
     assert report["mode"] == "memory" and report["direction"] == "send", report
     assert report["bytes"] > 0 and len(report["streams"]) == STREAMS, report
     share = report["throughput_bps"] / lab.bottleneck_bps
-    print("%s: %.1f Mb/s, %.0f%% of the %s bottleneck" % (
-        CAMPAIGN, report["throughput_bps"] / 1e6, 100 * share, lab.bottleneck_rate))
+    print(
+        "%s: %.1f Mb/s, %.0f%% of the %s bottleneck"
+        % (CAMPAIGN, report["throughput_bps"] / 1e6, 100 * share, lab.bottleneck_rate)
+    )
     assert share > 0.3, report["throughput_bps"]
     most = lab.bottleneck_bps / 8 * report["seconds"] * (1 + TOLERANCE) + IN_FLIGHT_BYTES
     assert report["bytes"] <= most, (report["bytes"], most)
