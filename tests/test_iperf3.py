@@ -636,20 +636,125 @@ def test_iperf3_authentication(auth_server):
     assert rc == 0 and "error" not in data, (rc, data and data.get("error"), stderr)
 
 
+# ------------------------------------------------------------ server-side limits
+
+# --iperf3-max-duration of `duration_limited`, --iperf3-server-bitrate-limit
+# of `rate_limited` (a test must outlast the 5 s rate window, so not both).
+LIMIT_MAX_S = 3
+LIMIT_RATE = "200M"
+
+
+@pytest.fixture(scope="module")
+def duration_limited(module_processes):
+    return start_server(
+        module_processes, "serve-iperf3-max-duration", "--iperf3-max-duration", str(LIMIT_MAX_S)
+    )
+
+
+@pytest.fixture(scope="module")
+def rate_limited(module_processes):
+    return start_server(
+        module_processes, "serve-iperf3-rate-limit", "--iperf3-server-bitrate-limit", LIMIT_RATE
+    )
+
+
+def test_test_longer_than_max_duration_is_refused(duration_limited):
+    # iperf3's error text; "maximum" is the client's own compiled-in limit.
+    _, data, _ = run_iperf3(duration_limited.port, "-t", LIMIT_MAX_S + 7, "-b", "10M")
+    assert data["error"].startswith("test duration too long"), data.get("error")
+    # -t plus -O counts.
+    _, data, _ = run_iperf3(duration_limited.port, "-t", LIMIT_MAX_S, "-O", 1, "-b", "10M")
+    assert data["error"].startswith("test duration too long"), data.get("error")
+    log = duration_limited.processes.log(duration_limited.name)
+    assert f"this server allows {LIMIT_MAX_S} s" in log, log
+    # A test of exactly the longest runs to its end, and the server serves on.
+    data = iperf3_ok(duration_limited, "-t", LIMIT_MAX_S, "-b", "50M")
+    check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 1)
+    still_serves(duration_limited)
+
+
+def test_test_running_past_max_duration_is_stopped(duration_limited):
+    # -n without -t asks for no time (0): admitted, and stopped by the
+    # server once the longest test and the grace have passed.
+    began = time.monotonic()
+    _, data, _ = run_iperf3(duration_limited.port, "-n", "10G", "-b", "50M", timeout=60)
+    took = time.monotonic() - began
+    assert data["error"].startswith("test duration too long"), data.get("error")
+    assert LIMIT_MAX_S <= took < LIMIT_MAX_S + 10, took
+    still_serves(duration_limited)
+
+
+def test_bitrate_above_the_limit_is_refused(rate_limited):
+    for args in (["-b", "300M"], ["-P", 2, "-b", "150M"], ["--bidir", "-b", "150M"]):
+        _, data, _ = run_iperf3(rate_limited.port, "-t", 1, *args)
+        assert data["error"] == "total required bandwidth is larger than server limit", (
+            args,
+            data.get("error"),
+        )
+    # Within the limit in all: runs.
+    data = iperf3_ok(rate_limited, "-t", 1, "-P", 2, "-b", "90M")
+    check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 2)
+
+
+@pytest.mark.parametrize("args", [[], ["-R"], ["-P", 4]], ids=["forward", "reverse", "P4"])
+def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited, args):
+    # Loopback runs Gb/s: over the 5 s window the average passes the limit
+    # and the server ends the test, telling the client why before its data
+    # connections close, so the client prints iperf3's own error.
+    began = time.monotonic()
+    _, data, stderr = run_iperf3(rate_limited.port, "-t", 30, *args, timeout=60)
+    took = time.monotonic() - began
+    assert data is not None, stderr
+    assert data.get("error") == "total required bandwidth is larger than server limit", (
+        data.get("error"),
+        stderr,
+    )
+    assert took < 12, f"stopped after {took:.1f} s, not within the 5 s window and a check"
+    assert len(data["intervals"]) < 10, len(data["intervals"])
+    log = rate_limited.processes.log(rate_limited.name)
+    assert "over 5 s; this server allows 200.00 Mb/s" in log, log
+    still_serves(rate_limited)
+
+
+@pytest.mark.parametrize(
+    "flag, value, why",
+    [
+        ("--iperf3-max-duration", "0", "at least 1"),
+        ("--iperf3-max-duration", "1.5", "whole number of seconds"),
+        ("--iperf3-max-duration", "forever", "forever"),
+        ("--iperf3-max-duration", "100000", "86400"),
+        ("--iperf3-server-bitrate-limit", "0", "must be positive"),
+        ("--iperf3-server-bitrate-limit", "fast", "fast"),
+        ("--iperf3-server-bitrate-limit", "5X", "5X"),
+    ],
+)
+def test_bad_limit_flags_exit_2_naming_the_flag(flag, value, why):
+    need_binaries()
+    result = subprocess.run(
+        [str(LONGHAUL), "serve", "--iperf3-listen", "127.0.0.1:0", f"{flag}={value}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert flag in result.stderr and why in result.stderr, result.stderr
+
+
 # ------------------------------------------------------------ longhaul as the client
 
 
-@pytest.mark.parametrize("direction", [[], ["--reverse"], ["--bidir"]], ids=["forward", "reverse", "bidir"])
-def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
+def send_to_iperf3_server(processes, name, *args):
+    """`longhaul send --protocol iperf3 ARGS` (2 streams, 2 s) against one
+    test of Debian's `iperf3 -s -J`: (our final JSON, the server's "end")."""
     need_binaries()
     port = helpers.free_port()
-    iperf3 = processes.start("iperf3-s", [IPERF3, "-s", "-1", "-J", "-p", port])
+    iperf3 = processes.start(name, [IPERF3, "-s", "-1", "-J", "-p", port])
     # Not by connecting: `-s -1` would take that for its one test.
     helpers.wait_until(lambda: listening(port), 10, f"iperf3 -s on port {port}", 0.1)
     processes.check_running(iperf3)
     result = subprocess.run(
         [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{port}"]
-        + ["--time", "2", "--streams", "2", "--json", *direction],
+        + ["--time", "2", "--streams", "2", "--json", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -657,7 +762,12 @@ def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
     assert result.returncode == 0, result.stderr
     ours = json.loads(result.stdout.strip().splitlines()[-1])
     iperf3.wait(timeout=30)
-    end = json.loads(processes.log("iperf3-s"))["end"]
+    return ours, json.loads(processes.log(name))["end"]
+
+
+@pytest.mark.parametrize("direction", [[], ["--reverse"], ["--bidir"]], ids=["forward", "reverse", "bidir"])
+def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
+    ours, end = send_to_iperf3_server(processes, "iperf3-s", *direction)
 
     def server(key):
         return end.get(key, {}).get("bytes", 0) + end.get(key + "_bidir_reverse", {}).get("bytes", 0)
@@ -670,3 +780,92 @@ def test_send_protocol_iperf3_against_iperf3_server(processes, direction):
     if direction:
         assert ours["bytes_received"] > 0
     assert ours["iperf3"]["server"]["streams"], ours["iperf3"]
+
+
+def test_send_protocol_iperf3_starts_at_the_instant_given(server):
+    # Campaign phases hand every sender one --start-at instant: the iperf3
+    # client connects then, not before; an instant already past is refused.
+    def send_at(at):
+        return subprocess.run(
+            [LONGHAUL, "send", "--protocol", "iperf3", "--to", f"127.0.0.1:{server.port}"]
+            + ["--time", "1", "--json", "--start-at", f"{at:.3f}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    at = time.time() + 3
+    result = send_at(at)
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    assert at <= ours["started_unix"] < at + 2, (at, ours["started_unix"])
+    assert ours["bytes"] > 0
+    late = send_at(time.time() - 5)
+    assert late.returncode == 2, (late.returncode, late.stderr)
+    assert "--start-at" in late.stderr and "passed" in late.stderr, late.stderr
+
+
+# iperf3's UDP payload when the client names none (params.rs DEFAULT_UDP_BLOCK).
+UDP_BLOCK = 1460
+
+
+@pytest.mark.parametrize("direction", [[], ["--reverse"]], ids=["forward", "reverse"])
+def test_send_protocol_iperf3_udp_against_iperf3_server(processes, direction):
+    ours, end = send_to_iperf3_server(
+        processes, "iperf3-s-udp", "--udp", "--rate", "100M", *direction
+    )
+    end = end["sum"]
+    # Paced: 100 Mb/s for 2 s, give or take the start.
+    assert 20e6 < ours["bytes"] < 30e6, ours["bytes"]
+    if direction:
+        # What the server sent against what we counted (the datagrams in
+        # flight at TEST_END are not counted, as iperf3 does).
+        assert ours["bytes_received"] == ours["bytes"]
+        assert abs(ours["bytes_received"] - end["bytes"]) <= end["bytes"] / 100, (ours, end)
+    else:
+        # The server's datagram count against ours (3.12's server reports
+        # its UDP receive bytes as 0 in this sum).
+        received = end["packets"] - end["lost_packets"]
+        assert abs(ours["bytes_sent"] / UDP_BLOCK - received) <= received / 100, (ours, end)
+        here = ours["iperf3"]["bytes_sent_here"] / UDP_BLOCK
+        assert abs(here - received) <= received / 100, (here, end)
+        assert "jitter_ms" in end
+    server_streams = ours["iperf3"]["server"]["streams"]
+    assert len(server_streams) == 2 and all("jitter" in s for s in server_streams), server_streams
+
+
+def test_send_protocol_iperf3_udp_bidir_against_longhaul(server):
+    result = subprocess.run(
+        [LONGHAUL, "send", "--protocol", "iperf3", "--udp", "--rate", "200M", "--bidir"]
+        + ["--to", f"127.0.0.1:{server.port}", "--time", "2", "--streams", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    assert ours["direction"] == "bidir" and len(ours["streams"]) == 4, ours
+    assert ours["bytes_sent"] > 0 and ours["bytes_received"] > 0, ours
+    theirs = ours["iperf3"]["server"]["streams"]
+    assert all(s["packets"] > 0 and s["errors"] >= 0 for s in theirs), theirs
+    still_serves(server)
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--udp", "--rate", "1M"], "--protocol iperf3"),
+        (["--protocol", "iperf3", "--udp"], "--rate"),
+    ],
+    ids=["without-protocol-iperf3", "without-rate"],
+)
+def test_send_udp_usage_errors(args, why):
+    need_binaries()
+    result = subprocess.run(
+        [LONGHAUL, "send", "--to", "127.0.0.1:1", "--time", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "--udp" in result.stderr and why in result.stderr, result.stderr

@@ -267,12 +267,10 @@ fn check_idle_streams(
     Ok(())
 }
 
-/// Runs a whole `send` and returns the final report; `watch`, if any, is
-/// called while the data moves.
-pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
-    let mut req = opts.request();
-    session::validate(&req)?;
-    if let Some(at) = opts.start_at {
+/// Refuses a `--start-at` instant more than [`START_AT_SLACK`] past: a
+/// sender that late would run out of step with its phase.
+pub fn check_start_at(start_at: Option<SystemTime>) -> Result<()> {
+    if let Some(at) = start_at {
         if let Ok(late) = SystemTime::now().duration_since(at) {
             if late > START_AT_SLACK {
                 return Err(Error::Usage(format!(
@@ -283,6 +281,15 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
             }
         }
     }
+    Ok(())
+}
+
+/// Runs a whole `send` and returns the final report; `watch`, if any, is
+/// called while the data moves.
+pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
+    let mut req = opts.request();
+    session::validate(&req)?;
+    check_start_at(opts.start_at)?;
     let plane = planes::client_plane(&req, &opts.payload)?;
     req.mode_params = plane.mode_params();
     // The plane is ready (a disk tree walked and hashed); connect shortly

@@ -137,6 +137,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_TESTS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub iperf3_max_tests: usize,
+    /// Longest iperf3 test, its omitted seconds (-O) included, as iperf3's
+    /// max duration: longer tests are refused, and a test still running
+    /// then is stopped (default 3600 s)
+    #[arg(long, value_name = "SECS", value_parser = iperf3_max_duration)]
+    pub iperf3_max_duration: Option<std::time::Duration>,
+    /// Highest total rate of an iperf3 test (both directions), as iperf3's
+    /// --server-bitrate-limit: a client asking more (-b) is refused, and a
+    /// test averaging more over 5 s is stopped (default: no limit)
+    #[arg(long, value_name = "RATE", value_parser = positive_rate)]
+    pub iperf3_server_bitrate_limit: Option<u64>,
     /// iperf3 authentication: the server's RSA private key (PEM), as
     /// iperf3's --rsa-private-key-path
     #[arg(long, value_name = "F", requires = "iperf3_authorized_users_path")]
@@ -248,6 +258,11 @@ pub struct SendArgs {
     /// server; memory mode, up to 128 streams)
     #[arg(long, value_enum, default_value_t = WireProtocol::Longhaul)]
     pub protocol: WireProtocol,
+    /// iperf3's UDP test, as `iperf3 -u` (with --protocol iperf3 and
+    /// --rate): datagrams paced at --rate, the server's jitter and loss in
+    /// the JSON
+    #[arg(long)]
+    pub udp: bool,
 }
 
 /// What `send --protocol` speaks.
@@ -377,6 +392,19 @@ fn positive_seconds(text: &str) -> Result<f64, String> {
     Ok(d.as_secs_f64())
 }
 
+/// `--iperf3-max-duration`: whole seconds, 1 s up to iperf3's longest test.
+fn iperf3_max_duration(text: &str) -> Result<std::time::Duration, String> {
+    use longhaul_engine::iperf3::params::MAX_TIME;
+    let d = longhaul_units::parse_duration(text).map_err(|e| e.to_string())?;
+    if d.subsec_nanos() != 0 || d.is_zero() {
+        return Err("must be a whole number of seconds, at least 1".into());
+    }
+    if d.as_secs() > MAX_TIME {
+        return Err(format!("longer than iperf3's longest test ({MAX_TIME} s)"));
+    }
+    Ok(d)
+}
+
 fn message_length(text: &str) -> Result<u64, String> {
     let n = positive_size(text)?;
     if n > MAX_MESSAGE_LEN {
@@ -431,6 +459,10 @@ impl ServeArgs {
         };
         let mut opts = Iperf3Options::new(listen.clone());
         opts.max_tests = self.iperf3_max_tests;
+        if let Some(max) = self.iperf3_max_duration {
+            opts.limits.max_duration = max;
+        }
+        opts.limits.max_rate_bps = self.iperf3_server_bitrate_limit.unwrap_or(0);
         if let (Some(key), Some(users)) = (
             &self.iperf3_rsa_private_key_path,
             &self.iperf3_authorized_users_path,
@@ -552,6 +584,17 @@ impl SendArgs {
                 disk: self.files.disk(self.follow_symlinks),
             }
         };
+        if self.udp && self.protocol != WireProtocol::Iperf3 {
+            return Err(bad(
+                "--udp is iperf3's UDP test: it needs --protocol iperf3".into(),
+            ));
+        }
+        if self.udp && self.run.rate.is_none() {
+            return Err(bad(
+                "--udp needs --rate: UDP has no congestion control, the datagrams go at the rate given"
+                    .into(),
+            ));
+        }
         let mut o = SendOptions::new(self.to.clone(), payload);
         self.run.apply("send", &mut o)?;
         o.direction = match (self.bidir, self.reverse) {

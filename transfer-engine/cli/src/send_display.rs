@@ -109,6 +109,7 @@ pub fn send(args: &SendArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Res
         &args.options()?,
         args.bytes_total(),
         args.protocol,
+        args.udp,
         out,
         terminal,
     )
@@ -121,6 +122,7 @@ pub fn get(args: &GetArgs, out: &mut dyn Write, terminal: bool) -> anyhow::Resul
         &args.options()?,
         None,
         WireProtocol::Longhaul,
+        false,
         out,
         terminal,
     )
@@ -131,6 +133,7 @@ fn run(
     opts: &SendOptions,
     bytes_total: Option<u64>,
     protocol: WireProtocol,
+    udp: bool,
     out: &mut dyn Write,
     terminal: bool,
 ) -> anyhow::Result<()> {
@@ -148,7 +151,14 @@ fn run(
     });
     let report = match protocol {
         WireProtocol::Longhaul => client::run(opts, watch),
-        WireProtocol::Iperf3 => longhaul_engine::iperf3::client::run(opts, watch),
+        WireProtocol::Iperf3 => {
+            let transport = if udp {
+                longhaul_engine::iperf3::params::Transport::Udp
+            } else {
+                longhaul_engine::iperf3::params::Transport::Tcp
+            };
+            longhaul_engine::iperf3::client::run(opts, transport, watch)
+        }
     };
     if let Display::Bar { bar, .. } = &display {
         bar.finish_and_clear();

@@ -1,6 +1,7 @@
 //! `longhaul send --protocol iperf3`: longhaul as an iperf3 client against
 //! any iperf3 server (a perfSONAR node, a public server, `iperf3 -s`, or
-//! `longhaul serve --iperf3-listen`), memory to memory over TCP.
+//! `longhaul serve --iperf3-listen`), memory to memory over TCP, or UDP
+//! (`--udp`, paced at `--rate`, as `iperf3 -u -b`).
 //!
 //! It speaks as iperf3 3.12 does: cookie, parameters, data connections
 //! one after the other (a bidirectional test's client-to-server streams
@@ -13,7 +14,7 @@
 //! streams we receive.
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,9 +35,10 @@ use crate::session::{self, Side};
 use crate::sockopt;
 
 use super::control::{self, Heard};
-use super::params::{Params, Transport, DEFAULT_TCP_BLOCK, MAX_PARALLEL};
+use super::params::{Params, Transport, MAX_PARALLEL};
 use super::results::Results;
 use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestStreams};
+use super::udp;
 use super::wire::{Cookie, ErrorCode, State};
 
 /// How often TCP_INFO is sampled when nobody watches.
@@ -67,8 +69,8 @@ fn refusal(code: ErrorCode) -> Error {
     }
 }
 
-/// Checks that the options make an iperf3 test.
-fn check(opts: &SendOptions) -> Result<u64> {
+/// Checks that the options make an iperf3 test over `transport`.
+fn check(opts: &SendOptions, transport: Transport) -> Result<u64> {
     let amount = match &opts.payload {
         Payload::Memory(a) => *a,
         _ => {
@@ -91,34 +93,47 @@ fn check(opts: &SendOptions) -> Result<u64> {
     if let Some(cc) = &opts.cc {
         sockopt::check_cc(cc)?;
     }
+    match transport {
+        Transport::Tcp => {}
+        Transport::Udp if opts.rate_bps.is_some() => {}
+        Transport::Udp => {
+            return Err(Error::Usage(
+                "an iperf3 UDP test needs a rate (--rate): UDP has no congestion control".into(),
+            ))
+        }
+        Transport::Sctp => {
+            return Err(Error::Usage("iperf3's SCTP tests are not supported".into()))
+        }
+    }
     Ok(match amount {
         Amount::Bytes(b) => b,
         Amount::Seconds(_) => 0,
     })
 }
 
-/// The parameter block of these options.
-fn params(opts: &SendOptions) -> Params {
+/// The parameter block of these options over `transport`.
+fn params(opts: &SendOptions, transport: Transport) -> Params {
     let (time, bytes) = match &opts.payload {
         Payload::Memory(Amount::Bytes(b)) => (0, *b),
         Payload::Memory(Amount::Seconds(s)) => (s.ceil().max(1.0) as u64, 0),
         _ => (0, 0),
     };
-    Params {
-        transport: Transport::Tcp,
+    let mut p = Params {
+        transport,
         time,
         bytes,
         parallel: opts.streams,
         reverse: opts.direction == Direction::Receive,
         bidirectional: opts.direction == Direction::Bidir,
         window: opts.buffer,
-        len: DEFAULT_TCP_BLOCK,
         bandwidth: opts
             .rate_bps
             .map_or(0, |r| (r / opts.streams as u64).max(1)),
         congestion: opts.cc.clone(),
         ..Params::default()
-    }
+    };
+    p.len = p.block();
+    p
 }
 
 /// Reads a state byte before the reader thread runs; iperf3's refusals
@@ -197,12 +212,36 @@ fn server_event(h: Heard, when: &str) -> Error {
     }
 }
 
-/// Runs an iperf3 test against the server at `opts.to` and returns
-/// longhaul's final report; `watch`, if any, follows the data phase.
-pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
-    let byte_limit = check(opts)?;
-    let p = params(opts);
+/// Opens the test's UDP streams one after the other, as iperf3 does.
+fn connect_udp_streams(addr: SocketAddr, opts: &SendOptions, total: u32) -> Result<Vec<UdpSocket>> {
+    (0..total)
+        .map(|_| {
+            udp::connect_stream(addr, opts.buffer, HANDSHAKE_TIMEOUT)
+                .map_err(|e| Error::io("opening an iperf3 UDP stream", e))
+        })
+        .collect()
+}
+
+/// Runs an iperf3 test over `transport` (TCP or UDP) against the server
+/// at `opts.to` and returns longhaul's final report; `watch`, if any,
+/// follows the data phase.
+pub fn run(
+    opts: &SendOptions,
+    transport: Transport,
+    watch: Option<Watch<'_>>,
+) -> Result<FinalReport> {
+    let byte_limit = check(opts, transport)?;
+    let p = params(opts, transport);
     let addr = connection::resolve(&opts.to)?;
+    // iperf3's server starts the test as soon as the streams are attached,
+    // so `--start-at` is when we connect: a round trip or two before the
+    // data flows.
+    crate::client::check_start_at(opts.start_at)?;
+    if let Some(at) = opts.start_at {
+        if let Ok(wait) = at.duration_since(std::time::SystemTime::now()) {
+            std::thread::sleep(wait);
+        }
+    }
     let ctrl = connection::connect(addr)?;
     let cookie = Cookie::random();
     ctrl.set_nodelay(true)
@@ -234,7 +273,10 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     }
     let shape = p.shape();
     let total = session::total_streams(&shape);
-    let sockets = connect_streams(addr, cookie, opts, total)?;
+    let sockets = match transport {
+        Transport::Udp => Sockets::Udp(connect_udp_streams(addr, opts, total)?),
+        _ => Sockets::Tcp(connect_streams(addr, cookie, opts, total)?),
+    };
     let (tx, events) = mpsc::channel();
     ctrl.set_read_timeout(None)
         .map_err(|e| Error::io("iperf3 control connection", e))?;
@@ -257,7 +299,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
             _ => Duration::from_secs(p.time),
         },
         stream_rate_bps: p.bandwidth,
-        block: DEFAULT_TCP_BLOCK as usize,
+        block: p.block() as usize,
         wide: false,
     };
     wait_for(&events, State::TestStart, "before the test")?;
@@ -265,7 +307,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     let ended = tx.clone();
     let test = TestStreams::prepare(
         &plan,
-        Sockets::Tcp(sockets),
+        sockets,
         &plane,
         Arc::new(move |end| {
             let _ = ended.send(Event::Ended(end));
@@ -284,6 +326,8 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
             "our sending streams did not stop at the end of the test".into(),
         ));
     }
+    // Datagrams after the end do not count (iperf3's receivers stop too).
+    test.stop_counting();
     control::send_state(&mut w, State::TestEnd)?;
     wait_for(&events, State::ExchangeResults, "after TEST_END")?;
     drain(&test, &events);
@@ -451,28 +495,33 @@ fn report(
     addr: SocketAddr,
 ) -> FinalReport {
     let (mut sent, mut received) = (0u64, 0u64);
-    let streams: Vec<ReportStream> = test
-        .tcp
-        .iter()
-        .map(|s| {
-            let i = s.id;
+    // TCP streams carry their TCP_INFO; UDP streams (no `tcp` entries)
+    // have none, and the server's figures hold their loss and jitter.
+    let streams: Vec<ReportStream> = (0..test.len())
+        .map(|index| {
+            let i = index as u32;
             let server = theirs.stream(i);
-            let tcp = s.last_tcp().unwrap_or_default();
-            let (bytes, retransmits) = match s.role {
+            let tcp = test
+                .tcp
+                .get(index)
+                .and_then(|s| s.last_tcp())
+                .unwrap_or_default();
+            let role = test.role(index);
+            let (bytes, retransmits) = match role {
                 Role::Send => {
                     let b = server.map_or(0, |r| r.bytes);
                     sent += b;
                     (b, tcp.retransmits)
                 }
                 Role::Receive => {
-                    let b = test.counted_bytes(i as usize);
+                    let b = test.counted_bytes(index);
                     received += b;
                     (b, server.map_or(0, |r| r.retransmits.max(0) as u64))
                 }
             };
             ReportStream {
                 id: i,
-                direction: match s.role {
+                direction: match role {
                     Role::Send => "send",
                     Role::Receive => "receive",
                 },
@@ -532,6 +581,7 @@ fn report(
 
 #[cfg(test)]
 mod tests {
+    use super::super::params::{DEFAULT_TCP_BLOCK, DEFAULT_UDP_BLOCK};
     use super::*;
 
     #[test]
@@ -541,13 +591,13 @@ mod tests {
         o.direction = Direction::Bidir;
         o.rate_bps = Some(4_000_000_000);
         o.cc = Some("cubic".into());
-        let p = params(&o);
+        let p = params(&o, Transport::Tcp);
         assert_eq!((p.time, p.bytes, p.parallel), (3, 0, 4));
         assert!(p.bidirectional && !p.reverse);
         assert_eq!(p.bandwidth, 1_000_000_000);
         assert_eq!(p.window, o.buffer);
         let o = SendOptions::new("h:5201", Payload::Memory(Amount::Bytes(1 << 30)));
-        let p = params(&o);
+        let p = params(&o, Transport::Tcp);
         assert_eq!((p.time, p.bytes), (0, 1 << 30));
     }
 
@@ -555,10 +605,25 @@ mod tests {
     fn options_iperf3_cannot_carry_are_usage_errors() {
         let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(1.0)));
         o.streams = 129;
-        assert!(matches!(check(&o), Err(Error::Usage(m)) if m.contains("128")));
+        assert!(matches!(check(&o, Transport::Tcp), Err(Error::Usage(m)) if m.contains("128")));
         let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(1.0)));
         o.token = Some(crate::auth::Token::from_bytes(b"t"));
-        assert!(matches!(check(&o), Err(Error::Usage(m)) if m.contains("--token-file")));
+        assert!(
+            matches!(check(&o, Transport::Tcp), Err(Error::Usage(m)) if m.contains("--token-file"))
+        );
+    }
+
+    #[test]
+    fn udp_tests_are_paced_datagrams() {
+        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(2.0)));
+        o.streams = 2;
+        assert!(matches!(check(&o, Transport::Udp), Err(Error::Usage(m)) if m.contains("--rate")));
+        o.rate_bps = Some(100_000_000);
+        assert!(check(&o, Transport::Udp).is_ok());
+        let p = params(&o, Transport::Udp);
+        assert_eq!(p.transport, Transport::Udp);
+        assert_eq!((p.bandwidth, p.len), (50_000_000, DEFAULT_UDP_BLOCK));
+        assert_eq!(params(&o, Transport::Tcp).len, DEFAULT_TCP_BLOCK);
     }
 
     #[test]

@@ -85,6 +85,10 @@ const DRAIN_MAX: Duration = Duration::from_secs(10);
 /// `--server-bitrate-limit` averages over 5 s by default.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
 
+/// How long a test the server ends keeps its data connections open for
+/// the client to read why ([`tell_while_running`]).
+const TELL_GRACE: Duration = Duration::from_secs(2);
+
 /// What `--iperf3-listen` and its companions say.
 #[derive(Debug, Clone)]
 pub struct Iperf3Options {
@@ -465,7 +469,8 @@ fn test_phases(
     control::send_state(&mut w, State::TestRunning)?;
     let start = test.go()?;
     let cpu_start = CpuSnapshot::now();
-    let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)?;
+    let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)
+        .map_err(|f| tell_while_running(stream, f, events))?;
     test.stop_counting();
     let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
     let wall = ended_at.duration_since(start).as_secs_f64();
@@ -725,8 +730,11 @@ fn run_until_test_end(
     let omit_end = (params.omit > 0).then(|| start + Duration::from_secs(params.omit));
     let mut omitted = false;
     // A timed test must end within its time plus the shutdown grace; any
-    // test within the server's longest.
-    let mut hard_end = start + limits.max_duration;
+    // test within the server's longest plus [`SEND_GRACE`] (the client's
+    // clock starts a round trip before ours: a `-t` of exactly the
+    // server's longest must not be cut off at its last instant).
+    let limit_end = start + limits.max_duration + SEND_GRACE;
+    let mut hard_end = limit_end;
     if params.time > 0 && params.byte_limit().is_none() {
         hard_end =
             hard_end.min(start + Duration::from_secs(params.time + params.omit) + SHUTDOWN_TIMEOUT);
@@ -769,7 +777,7 @@ fn run_until_test_end(
             }
         }
         if now >= hard_end {
-            let code = if now >= start + limits.max_duration {
+            let code = if now >= limit_end {
                 ErrorCode::Duration
             } else {
                 ErrorCode::NoMessage
@@ -814,6 +822,26 @@ fn run_until_test_end(
             }
         }
     }
+}
+
+/// Tells the client why its running test ends while the test's data
+/// connections are still open (they close when the test is dropped), and
+/// waits up to [`TELL_GRACE`] for the client to read it and leave. A
+/// client writing as fast as it can would otherwise find its data
+/// connection closed ("Broken pipe") before it reads the reason.
+fn tell_while_running(stream: &TcpStream, mut f: Failure, events: &Receiver<Event>) -> Failure {
+    if let Some(code) = f.tell.take() {
+        control::send_server_error(&mut &*stream, code);
+        let deadline = Instant::now() + TELL_GRACE;
+        while let Ok(event) =
+            events.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            if matches!(event, Event::Control(Heard::Closed | Heard::Failed(_))) {
+                break;
+            }
+        }
+    }
+    f
 }
 
 /// The average rate over the last [`RATE_WINDOW`], once a whole window

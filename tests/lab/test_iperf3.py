@@ -1,0 +1,129 @@
+"""iperf3 on the wire in the lab (issue 22): the campaign mem-iperf3-8x2M
+runs `longhaul send --protocol iperf3` on xfer-a against xfer-b's iperf3
+port (the longhaul_engine role's longhaul_engine_iperf3_listen, 5201)
+through the router. Its result lands as any run's does (the JSON has
+DESIGN's required fields and the server's own figures), the run record
+names the protocol, the receiver's stats API shows the test as an iperf3
+session with its 8 streams while it runs and its journal logs it finished,
+and `longhaul report` draws the results directory.
+"""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from labkit import REPO, wait_until
+
+CAMPAIGN = "mem-iperf3-8x2M"
+RUN = "a-to-b-iperf3"
+STREAMS = 8
+BUFFER = 2 << 20
+SECONDS = 8
+TOLERANCE = 0.10
+# An iperf3 result is the bytes the server received over the client's
+# sending time, so what sat in the streams' send and receive buffers when
+# the client stopped writing counts too (over 8 s, about 30 Mb/s more than
+# the bottleneck's rate).
+IN_FLIGHT_BYTES = STREAMS * 2 * BUFFER
+
+ENGINE_SESSIONS = (
+    "import urllib.request; "
+    "print(urllib.request.urlopen('http://127.0.0.1:7401/v1/sessions', timeout=5).read().decode())"
+)
+
+
+def iperf3_sessions(lab):
+    done = lab.sh("xfer-b", 'python3 -c "%s"' % ENGINE_SESSIONS, check=False)
+    if done.returncode != 0:
+        return []
+    return [s for s in json.loads(done.stdout)["sessions"] if s.get("protocol") == "iperf3"]
+
+
+def receiving(session):
+    return [s for s in session.get("streams", []) if s.get("direction") == "receive"]
+
+
+@pytest.fixture(scope="module")
+def iperf3_run(provisioned, tmp_path_factory):
+    lab = provisioned
+    results = tmp_path_factory.mktemp("results")
+    began = time.time()
+    campaign = lab.campaign_process(CAMPAIGN, results, "campaign_time=%d" % SECONDS)
+    try:
+        seen = wait_until(
+            lambda: [s for s in iperf3_sessions(lab) if len(receiving(s)) == STREAMS],
+            90,
+            "an iperf3 session with %d streams in xfer-b's stats API" % STREAMS,
+            interval=0.5,
+        )
+        output, _ = campaign.communicate(timeout=600)
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+            campaign.wait()
+    assert campaign.returncode == 0, "campaign %s failed:\n%s" % (CAMPAIGN, output[-6000:])
+    runs = sorted(p for p in (results / CAMPAIGN).glob("*") if p.is_dir())
+    assert runs, "campaign %s left no results directory:\n%s" % (CAMPAIGN, output[-3000:])
+    directory = runs[-1]
+    report = json.loads((directory / ("%s.json" % RUN)).read_text().strip().splitlines()[-1])
+    meta = json.loads((directory / ("%s.run.json" % RUN)).read_text())
+    return lab, directory, report, meta, seen[0], began
+
+
+def test_iperf3_campaign_result_has_designs_fields(iperf3_run):
+    lab, _, report, _, _, _ = iperf3_run
+    for key in ("mode", "direction", "bytes", "seconds", "throughput_bps", "streams", "cpu"):
+        assert key in report, (key, sorted(report))
+    assert report["mode"] == "memory" and report["direction"] == "send", report
+    assert report["bytes"] > 0 and len(report["streams"]) == STREAMS, report
+    share = report["throughput_bps"] / lab.bottleneck_bps
+    print(
+        "%s: %.1f Mb/s, %.0f%% of the %s bottleneck"
+        % (CAMPAIGN, report["throughput_bps"] / 1e6, 100 * share, lab.bottleneck_rate)
+    )
+    assert share > 0.3, report["throughput_bps"]
+    most = lab.bottleneck_bps / 8 * report["seconds"] * (1 + TOLERANCE) + IN_FLIGHT_BYTES
+    assert report["bytes"] <= most, (report["bytes"], most)
+    # The iperf3 server's own figures: what it received is what we count.
+    server = report["iperf3"]["server"]
+    received = sum(s["bytes"] for s in server["streams"])
+    assert abs(received - report["bytes"]) <= 0.01 * report["bytes"], (received, report["bytes"])
+
+
+def test_iperf3_run_record_names_the_protocol_and_the_iperf3_port(iperf3_run):
+    lab, _, _, meta, _, _ = iperf3_run
+    assert meta["run"]["protocol"] == "iperf3", meta["run"]
+    command = meta["command"]
+    assert command[command.index("--protocol") + 1] == "iperf3", command
+    assert command[command.index("--to") + 1] == "%s:5201" % lab.address["xfer-b"], command
+    assert "--token-file" not in command, command
+    assert int(meta["rc"]) == 0, meta
+
+
+def test_receiver_saw_an_iperf3_session(iperf3_run):
+    lab, _, _, _, session, began = iperf3_run
+    assert session["protocol"] == "iperf3" and len(receiving(session)) == STREAMS, session
+    assert session["peer"].startswith(lab.address["xfer-a"]), session
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began - 5))
+    journal = lab.sh(
+        "xfer-b",
+        "TZ=UTC journalctl -u longhaul-serve --since '%s' --no-pager -o cat" % since,
+    ).stdout
+    assert "iperf3 test from %s:" % lab.address["xfer-a"] in journal, journal[-3000:]
+    assert "tcp, %d streams" % STREAMS in journal, journal[-3000:]
+
+
+def test_longhaul_report_draws_the_iperf3_campaign(iperf3_run, tmp_path):
+    _, directory, report, _, _, _ = iperf3_run
+    out = tmp_path / "report.html"
+    dist = Path(os.environ.get("LONGHAUL_DIST", REPO / "dist"))
+    subprocess.run(
+        [str(dist / "longhaul"), "report", str(directory), "--out", str(out)],
+        check=True,
+        timeout=60,
+    )
+    html = out.read_text()
+    assert RUN in html, "the report does not name the run"
