@@ -20,14 +20,9 @@ from labkit import REPO, wait_until
 CAMPAIGN = "mem-iperf3-8x2M"
 RUN = "a-to-b-iperf3"
 STREAMS = 8
-BUFFER = 2 << 20
 SECONDS = 8
-TOLERANCE = 0.10
-# An iperf3 result is the bytes the server received over the client's
-# sending time, so what sat in the streams' send and receive buffers when
-# the client stopped writing counts too (over 8 s, about 30 Mb/s more than
-# the bottleneck's rate).
-IN_FLIGHT_BYTES = STREAMS * 2 * BUFFER
+# tbf's burst and the 5 ms at which the receiver notices its last byte.
+TOLERANCE = 0.03
 
 ENGINE_SESSIONS = (
     "import urllib.request; "
@@ -85,12 +80,18 @@ def test_iperf3_campaign_result_has_designs_fields(iperf3_run):
         % (CAMPAIGN, report["throughput_bps"] / 1e6, 100 * share, lab.bottleneck_rate)
     )
     assert share > 0.3, report["throughput_bps"]
-    most = lab.bottleneck_bps / 8 * report["seconds"] * (1 + TOLERANCE) + IN_FLIGHT_BYTES
-    assert report["bytes"] <= most, (report["bytes"], most)
-    # The iperf3 server's own figures: what it received is what we count.
+    # What sat in the router's queue and the streams' buffers when the client
+    # stopped writing arrives later: the run lasts until the server has it
+    # all (the server's end_time), so the rate never exceeds what the path
+    # carried.
+    assert share <= 1 + TOLERANCE, report["throughput_bps"]
+    # The iperf3 server's own figures: what it received is what we count,
+    # over the time it took to arrive.
     server = report["iperf3"]["server"]
     received = sum(s["bytes"] for s in server["streams"])
     assert abs(received - report["bytes"]) <= 0.01 * report["bytes"], (received, report["bytes"])
+    arrived = max(s["end_time"] for s in server["streams"])
+    assert report["seconds"] >= arrived > SECONDS, (report["seconds"], arrived)
 
 
 def test_iperf3_run_record_names_the_protocol_and_the_iperf3_port(iperf3_run):

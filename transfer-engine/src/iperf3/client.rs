@@ -37,7 +37,7 @@ use crate::sockopt;
 use super::control::{self, Heard};
 use super::params::{Params, Transport, MAX_PARALLEL};
 use super::results::Results;
-use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestStreams};
+use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestSeconds, TestStreams};
 use super::udp;
 use super::wire::{Cookie, ErrorCode, State};
 
@@ -320,6 +320,7 @@ pub fn run(
     run_test(&test, &plan, byte_limit, start, &events, watch)?;
     let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
     let seconds = start.elapsed().as_secs_f64();
+    let received_at_end = test.total(Role::Receive);
     let cpu_report = cpu_start.report_until(&CpuSnapshot::now());
     if !stopped {
         return Err(Error::Timeout(
@@ -330,10 +331,15 @@ pub fn run(
     test.stop_counting();
     control::send_state(&mut w, State::TestEnd)?;
     wait_for(&events, State::ExchangeResults, "after TEST_END")?;
-    drain(&test, &events);
+    let counted = TestSeconds::new(
+        seconds,
+        start,
+        p.omit,
+        drain(&test, &events, received_at_end),
+    );
     let congestion_used = test.tcp.first().and_then(|s| sockopt::get_cc(&*s.socket));
     let ours = test.results(
-        seconds,
+        counted,
         CpuUse::from_report(&cpu_report, seconds),
         congestion_used,
     );
@@ -344,7 +350,7 @@ pub fn run(
     let _ = control::send_state(&mut w, State::IperfDone);
     let _ = ctrl.shutdown(std::net::Shutdown::Both);
     Ok(report(
-        opts, &test, &ours, &theirs, cpu_report, seconds, started, cookie, addr,
+        opts, &test, &ours, &theirs, cpu_report, counted, started, cookie, addr,
     ))
 }
 
@@ -421,8 +427,10 @@ fn run_test(
 }
 
 /// After `EXCHANGE_RESULTS`: lets our receiving streams take in what the
-/// server sent before it closed them (bounded).
-fn drain(test: &TestStreams, events: &Receiver<Event>) {
+/// server sent before it closed them (bounded). Returns when the last of it
+/// arrived, or None when nothing arrived after the test's end (when our
+/// receiving streams had counted `at_end` bytes).
+fn drain(test: &TestStreams, events: &Receiver<Event>, at_end: u64) -> Option<Instant> {
     let receiving = (0..test.len())
         .filter(|&i| test.role(i) == Role::Receive)
         .count();
@@ -433,22 +441,25 @@ fn drain(test: &TestStreams, events: &Receiver<Event>) {
     // growing.
     let mut last = test.total(Role::Receive);
     let mut quiet_since = Instant::now();
+    let mut arrived = (last != at_end).then_some(quiet_since);
     while ended < receiving {
         let now = Instant::now();
         if now >= deadline || now.duration_since(quiet_since) >= DRAIN_QUIET {
-            return;
+            break;
         }
         match events.recv_timeout(DRAIN_POLL.min(deadline.saturating_duration_since(now))) {
             Ok(Event::Ended(e)) if test.role(e.index as usize) == Role::Receive => ended += 1,
             Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Disconnected) => break,
         }
         let total = test.total(Role::Receive);
         if total != last {
             last = total;
             quiet_since = Instant::now();
+            arrived = Some(quiet_since);
         }
     }
+    arrived
 }
 
 /// The server's results block (the JSON after `EXCHANGE_RESULTS`).
@@ -489,11 +500,21 @@ fn report(
     ours: &Results,
     theirs: &Results,
     cpu: CpuReport,
-    seconds: f64,
+    counted: TestSeconds,
     started: std::time::SystemTime,
     cookie: Cookie,
     addr: SocketAddr,
 ) -> FinalReport {
+    // The test lasted until the last byte arrived at whichever end received
+    // it: our receiving streams (counted), the server's (its end_time for
+    // the streams we sent, bounded against a server's odd clock).
+    let server_receiving = (0..test.len())
+        .filter(|&i| test.role(i) == Role::Send)
+        .filter_map(|i| theirs.stream(i as u32).map(|s| s.end_time))
+        .filter(|t| t.is_finite())
+        .fold(0.0, f64::max)
+        .min(counted.overall() + DRAIN_MAX.as_secs_f64());
+    let seconds = counted.overall().max(server_receiving);
     let (mut sent, mut received) = (0u64, 0u64);
     // TCP streams carry their TCP_INFO; UDP streams (no `tcp` entries)
     // have none, and the server's figures hold their loss and jitter.

@@ -64,17 +64,22 @@ pub struct Results {
     pub server_output_text: Option<String>,
 }
 
-/// A number as iperf3's JSON reader takes it (integer or float; iperf3
-/// 3.12 writes -1 as 1.8446744073709552e19, which reads as "huge").
+/// A number as iperf3's JSON reader takes it (integer or float). iperf3
+/// 3.12 writes its -1 ("not reported", e.g. a UDP stream's retransmits) as
+/// an unsigned 1.8446744073709552e19: any value of 2^63 or more reads as
+/// that -1, never as a huge count.
 fn int(v: &Value) -> Option<i64> {
     if let Some(n) = v.as_i64() {
         return Some(n);
     }
-    if let Some(n) = v.as_u64() {
-        return Some(n.min(i64::MAX as u64) as i64);
+    if v.as_u64().is_some() {
+        return Some(-1);
     }
     let f = v.as_f64()?;
-    Some(f.clamp(i64::MIN as f64, i64::MAX as f64) as i64)
+    if f >= i64::MAX as f64 {
+        return Some(-1);
+    }
+    Some(f.max(i64::MIN as f64) as i64)
 }
 
 impl Results {
@@ -205,6 +210,8 @@ mod tests {
         assert_eq!(r.streams.len(), 2);
         assert_eq!(r.stream(1).unwrap().bytes, 1_252_392_960);
         assert_eq!(r.congestion_used.as_deref(), Some("cubic"));
+        assert_eq!(r.sender_has_retransmits, -1);
+        assert_eq!(r.stream(0).unwrap().retransmits, -1);
         let again = Results::from_json(&r.to_json()).unwrap();
         assert_eq!(again.streams, r.streams);
     }

@@ -51,7 +51,7 @@ use super::auth::ServerAuth;
 use super::control::{self, Heard};
 use super::params::{Params, ServerLimits, Transport};
 use super::results::{stream_index, Results};
-use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestStreams};
+use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestSeconds, TestStreams};
 use super::udp::{self, UdpPort};
 use super::wire::{self, Cookie, CookieCheck, ErrorCode, JsonError, State, COOKIE_LEN};
 
@@ -472,6 +472,7 @@ fn test_phases(
     let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)
         .map_err(|f| tell_while_running(stream, f, events))?;
     test.stop_counting();
+    let received_at_end = test.total(Role::Receive);
     let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
     let wall = ended_at.duration_since(start).as_secs_f64();
     let seconds = (wall - params.omit as f64).max(0.0);
@@ -484,9 +485,14 @@ fn test_phases(
     }
     control::send_state(&mut w, State::ExchangeResults)?;
     let theirs = client_results(events, total)?;
-    drain(&test, &theirs);
-    let mut ours = test.results(seconds, cpu, congestion_used);
-    let summary = summary(&test, params, seconds);
+    let counted = TestSeconds::new(
+        seconds,
+        start,
+        params.omit,
+        drain(&test, &theirs, received_at_end),
+    );
+    let mut ours = test.results(counted, cpu, congestion_used);
+    let summary = summary(&test, params, counted);
     if params.get_server_output {
         ours.server_output_text = Some(format!(
             "longhaul {} (iperf3 protocol): {summary}\n",
@@ -916,25 +922,32 @@ fn client_results(events: &Receiver<Event>, total: usize) -> std::result::Result
 
 /// Lets the receiving streams take in what the client says it sent (see
 /// [`DRAIN_QUIET`]).
-fn drain(test: &TestStreams, theirs: &Results) {
+///
+/// Returns when the last of those bytes was seen arriving (to 5 ms), or
+/// None when nothing arrived after the test's end (when the receiving
+/// streams had counted `at_end` bytes).
+fn drain(test: &TestStreams, theirs: &Results, at_end: u64) -> Option<Instant> {
     let want: Vec<(usize, u64)> = (0..test.len())
         .filter(|&i| test.role(i) == Role::Receive)
         .filter_map(|i| theirs.stream(i as u32).map(|s| (i, s.bytes)))
         .collect();
     let started = Instant::now();
     let mut last = (test.total(Role::Receive), Instant::now());
+    let mut arrived = (last.0 != at_end).then_some(last.1);
     while started.elapsed() < DRAIN_MAX {
         if want.iter().all(|&(i, b)| test.counted_bytes(i) >= b) {
-            return;
+            break;
         }
         std::thread::sleep(Duration::from_millis(5));
         let now = test.total(Role::Receive);
         if now != last.0 {
             last = (now, Instant::now());
+            arrived = Some(last.1);
         } else if last.1.elapsed() >= DRAIN_QUIET {
-            return;
+            break;
         }
     }
+    arrived
 }
 
 /// Waits (bounded) for the client's `IPERF_DONE` or its close.
@@ -949,9 +962,13 @@ fn wait_for_done(events: &Receiver<Event>) {
 }
 
 /// The log's line about a finished test.
-fn summary(test: &TestStreams, params: &Params, seconds: f64) -> String {
-    let secs = seconds.max(1e-9);
+fn summary(test: &TestStreams, params: &Params, counted: TestSeconds) -> String {
     let part = |role: Role, what: &str| {
+        let secs = match role {
+            Role::Send => counted.sending,
+            Role::Receive => counted.receiving,
+        }
+        .max(1e-9);
         let b: u64 = (0..test.len())
             .filter(|&i| test.role(i) == role)
             .map(|i| test.counted_bytes(i))
@@ -969,13 +986,14 @@ fn summary(test: &TestStreams, params: &Params, seconds: f64) -> String {
         .flatten()
         .collect();
     format!(
-        "{}, {} streams, {} in {secs:.2} s",
+        "{}, {} streams, {} in {:.2} s",
         match params.transport {
             Transport::Udp => "udp",
             _ => "tcp",
         },
         test.len(),
-        moved.join(", ")
+        moved.join(", "),
+        counted.overall()
     )
 }
 

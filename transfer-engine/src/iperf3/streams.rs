@@ -418,8 +418,13 @@ impl TestStreams {
     }
 
     /// This end's results block: every stream's figures after the omitted
-    /// seconds, `seconds` of counted test time, and process CPU.
-    pub fn results(&self, seconds: f64, cpu: CpuUse, congestion_used: Option<String>) -> Results {
+    /// seconds, how long each role counted (`end_time`), and process CPU.
+    pub fn results(
+        &self,
+        counted: TestSeconds,
+        cpu: CpuUse,
+        congestion_used: Option<String>,
+    ) -> Results {
         self.sample();
         let sends = (0..self.len()).any(|i| self.role(i) == Role::Send);
         let retransmits_known = sends && self.udp.is_empty();
@@ -429,7 +434,10 @@ impl TestStreams {
                     id: stream_id(i as u32),
                     bytes: self.counted_bytes(i),
                     retransmits: -1,
-                    end_time: seconds,
+                    end_time: match self.role(i) {
+                        Role::Send => counted.sending,
+                        Role::Receive => counted.receiving,
+                    },
                     ..StreamResult::default()
                 };
                 if let Some(s) = self.tcp.get(i) {
@@ -462,6 +470,42 @@ impl TestStreams {
             streams,
             server_output_text: None,
         }
+    }
+}
+
+/// Seconds of counted test time (after the omitted ones) at one end, by
+/// role: sending streams count until the test ends; receiving streams until
+/// the last byte the sender wrote has arrived, which through a bottleneck's
+/// queue and full socket buffers is later. Bytes over these times are the
+/// rates each end really saw, never above what the path carried.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TestSeconds {
+    pub sending: f64,
+    pub receiving: f64,
+}
+
+impl TestSeconds {
+    /// `seconds` of test time, and receiving until `last_arrival` when
+    /// bytes still arrived after the test's end; `start` and `omit` place
+    /// that instant on the test's clock.
+    pub fn new(
+        seconds: f64,
+        start: std::time::Instant,
+        omit: u64,
+        last_arrival: Option<std::time::Instant>,
+    ) -> TestSeconds {
+        let receiving = last_arrival.map_or(seconds, |t| {
+            (t.duration_since(start).as_secs_f64() - omit as f64).max(seconds)
+        });
+        TestSeconds {
+            sending: seconds,
+            receiving,
+        }
+    }
+
+    /// The longer of the two: the test as a whole.
+    pub fn overall(&self) -> f64 {
+        self.sending.max(self.receiving)
     }
 }
 
