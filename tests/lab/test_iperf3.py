@@ -128,3 +128,36 @@ def test_longhaul_report_draws_the_iperf3_campaign(iperf3_run, tmp_path):
     )
     html = out.read_text()
     assert RUN in html, "the report does not name the run"
+
+
+def test_prometheus_sees_the_iperf3_test_from_both_hosts(iperf3_run):
+    """The receiving engine's exporter names the test protocol="iperf3" with
+    its streams; on the sending host the client's flow to port 5201 is the
+    tcp collector's (its engine knows no send to another host's server)."""
+    lab, _, report, _, session, _ = iperf3_run
+    sid = session["id"]
+    window = "[15m]"
+    info = wait_until(
+        lambda: lab.promql(
+            'last_over_time(longhaul_session_info{instance="xfer-b",protocol="iperf3",session="%s"}%s)'
+            % (sid, window)
+        ),
+        90,
+        "longhaul_session_info{protocol=\"iperf3\"} of session %s in Prometheus" % sid,
+    )
+    assert info[0]["metric"]["mode"] == "memory", info
+    streams = lab.promql(
+        'count(last_over_time(longhaul_stream_bytes_total{instance="xfer-b",session="%s",direction="receive"}%s))'
+        % (sid, window)
+    )
+    assert streams and int(float(streams[0]["value"][1])) == STREAMS, streams
+    acked = wait_until(
+        lambda: lab.promql(
+            'max_over_time(longhaul_tcp_bytes_acked_total{instance="xfer-a",ports="5201",remote="%s"}%s)'
+            % (lab.address["xfer-b"], window)
+        ),
+        90,
+        "xfer-a's tcp collector series of the flow to xfer-b:5201",
+    )
+    # Scraped every few seconds during an 8 s run: at least half of it seen.
+    assert float(acked[0]["value"][1]) >= 0.5 * report["bytes"], (acked, report["bytes"])
