@@ -9,7 +9,7 @@
 //! measurements.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::datapath::{DataPlane, Grant, Progress, SendBudget, Sink, Source, StreamIo};
 use crate::error::{Error, Result};
@@ -86,8 +86,16 @@ pub struct MemoryPlane {
     chunk: usize,
     send: SendMethod,
     recv: RecvMethod,
-    pattern: Arc<Vec<u8>>,
     memfd: Option<Arc<OwnedFd>>,
+}
+
+/// The process's one pattern, made when the first stream sends: a server
+/// that only receives never pays for it, and sessions at once share it
+/// (it is never written after it is made). It lives as long as the
+/// process, which MSG_ZEROCOPY needs.
+fn pattern() -> Arc<Vec<u8>> {
+    static PATTERN: OnceLock<Arc<Vec<u8>>> = OnceLock::new();
+    PATTERN.get_or_init(|| Arc::new(make_pattern())).clone()
 }
 
 /// A recognisable, non-zero pattern (zero pages could be special-cased by
@@ -118,9 +126,8 @@ fn make_memfd(pattern: &[u8]) -> Result<OwnedFd> {
 
 impl MemoryPlane {
     pub fn new(send: SendMethod, recv: RecvMethod) -> Result<MemoryPlane> {
-        let pattern = make_pattern();
         let memfd = if send == SendMethod::Sendfile {
-            Some(Arc::new(make_memfd(&pattern)?))
+            Some(Arc::new(make_memfd(&pattern())?))
         } else {
             None
         };
@@ -134,7 +141,6 @@ impl MemoryPlane {
             chunk,
             send,
             recv,
-            pattern: Arc::new(pattern),
             memfd,
         })
     }
@@ -151,7 +157,7 @@ impl DataPlane for MemoryPlane {
         Ok(Box::new(MemorySource {
             chunk: self.chunk,
             method: self.send,
-            pattern: self.pattern.clone(),
+            pattern: pattern(),
             memfd: self.memfd.clone(),
             sent: 0,
             sends: 0,
