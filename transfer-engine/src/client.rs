@@ -284,6 +284,13 @@ pub fn check_start_at(start_at: Option<SystemTime>) -> Result<()> {
     Ok(())
 }
 
+/// Sleeps until the wall-clock instant `at` (at once if it has passed).
+pub fn sleep_until(at: SystemTime) {
+    if let Ok(wait) = at.duration_since(SystemTime::now()) {
+        std::thread::sleep(wait);
+    }
+}
+
 /// Runs a whole `send` and returns the final report; `watch`, if any, is
 /// called while the data moves.
 pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
@@ -295,10 +302,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     // The plane is ready (a disk tree walked and hashed); connect shortly
     // before the instant.
     if let Some(at) = opts.start_at {
-        let connect_at = at.checked_sub(START_AT_CONNECT_AHEAD).unwrap_or(at);
-        if let Ok(wait) = connect_at.duration_since(SystemTime::now()) {
-            std::thread::sleep(wait);
-        }
+        sleep_until(at.checked_sub(START_AT_CONNECT_AHEAD).unwrap_or(at));
     }
     let addr = connection::resolve(&opts.to)?;
     let mut conn = Connection::new(connection::connect(addr)?)?;
@@ -315,9 +319,7 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     let streams = session::stream_stats(&req, Side::Client, sockets);
     if let Some(at) = opts.start_at {
         // Everything is attached: only the Start message is left.
-        if let Ok(wait) = at.duration_since(SystemTime::now()) {
-            std::thread::sleep(wait);
-        }
+        sleep_until(at);
     }
     let started = SystemTime::now();
     conn.send(&Message::Start)?;

@@ -238,9 +238,7 @@ pub fn run(
     // data flows.
     crate::client::check_start_at(opts.start_at)?;
     if let Some(at) = opts.start_at {
-        if let Ok(wait) = at.duration_since(std::time::SystemTime::now()) {
-            std::thread::sleep(wait);
-        }
+        crate::client::sleep_until(at);
     }
     let ctrl = connection::connect(addr)?;
     let cookie = Cookie::random();
