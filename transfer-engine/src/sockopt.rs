@@ -202,6 +202,30 @@ pub fn set_max_pacing_rate(sock: &TcpStream, bytes_per_second: u64) -> Result<()
     .map_err(|e| Error::io("setting SO_MAX_PACING_RATE", e))
 }
 
+/// SO_RCVLOWAT: the bytes a receiving socket queues before it reports
+/// itself readable (Linux caps it at half the receive buffer; end of
+/// stream and a closing receive window report readable regardless).
+pub fn set_rcvlowat(sock: &impl AsRawFd, bytes: usize) -> Result<()> {
+    let value = bytes.clamp(1, i32::MAX as usize) as libc::c_int;
+    setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &value)
+        .map_err(|e| Error::io("setting SO_RCVLOWAT", e))
+}
+
+/// The receive buffer the kernel gave a socket (SO_RCVBUF as read back:
+/// twice what was asked, the second half for its bookkeeping).
+pub fn rcvbuf(sock: &impl AsRawFd) -> Option<usize> {
+    getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUF)
+        .ok()
+        .map(|v| v.max(0) as usize)
+}
+
+/// The smoothed round trip of a socket (tcpi_rtt, microseconds). On a
+/// socket that only receives it is the handshake's: TCP samples the round
+/// trip from acknowledged data, and such a socket sends none.
+pub fn rtt_us(sock: &impl AsRawFd) -> Option<u32> {
+    RawTcpInfo::of_socket(sock.as_raw_fd()).map(|i| i.rtt_us)
+}
+
 /// Samples TCP_INFO (the fields of [`longhaul_tcp_info::TcpInfo`]).
 /// Returns `None` if the socket is gone or the kernel is too old to report
 /// every field we use (delivery rate: Linux 4.9).

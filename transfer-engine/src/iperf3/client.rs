@@ -328,6 +328,7 @@ pub fn run(
     // Datagrams after the end do not count (iperf3's receivers stop too).
     test.stop_counting();
     control::send_state(&mut w, State::TestEnd)?;
+    test.take_what_arrives();
     wait_for(&events, State::ExchangeResults, "after TEST_END")?;
     let counted = TestSeconds::new(
         seconds,

@@ -472,6 +472,7 @@ fn test_phases(
     let ended_at = run_until_test_end(&test, params, start, &ctx.opts.limits, events)
         .map_err(|f| tell_while_running(stream, f, events))?;
     test.stop_counting();
+    test.take_what_arrives();
     let received_at_end = test.total(Role::Receive);
     let stopped = test.stop_sending(SHUTDOWN_TIMEOUT);
     let wall = ended_at.duration_since(start).as_secs_f64();

@@ -27,6 +27,7 @@ use crate::messages::{Role, SessionRequest};
 use crate::pacer::Pacer;
 use crate::registry::{DatagramStream, SessionEntry};
 use crate::session::{self, Side};
+use crate::sockopt;
 use crate::stream::{self, Finished, StreamStats, Work};
 
 use super::results::{stream_id, Results, StreamResult};
@@ -383,6 +384,18 @@ impl TestStreams {
     /// count, as in iperf3).
     pub fn stop_counting(&self) {
         self.counting.store(false, Ordering::Relaxed);
+    }
+
+    /// The test ended: receiving TCP streams read what arrives at once
+    /// instead of waiting for a batch (SO_RCVLOWAT back to 1, see
+    /// [`crate::datapath::RecvBatching`]), so the drain sees the last bytes
+    /// when they arrive and the receiving end_time is theirs, not up to
+    /// [`crate::datapath::RecvBatching::LATEST`] later.
+    pub fn take_what_arrives(&self) {
+        for s in self.tcp.iter().filter(|s| s.role == Role::Receive) {
+            // A socket already closed has nothing left to wait for.
+            let _ = sockopt::set_rcvlowat(&*s.socket, 1);
+        }
     }
 
     /// Samples TCP_INFO of every TCP stream.

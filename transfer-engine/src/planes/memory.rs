@@ -11,7 +11,9 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
-use crate::datapath::{DataPlane, Grant, Progress, SendBudget, Sink, Source, StreamIo};
+use crate::datapath::{
+    DataPlane, Grant, Progress, RecvBatching, SendBudget, Sink, Source, StreamIo,
+};
 use crate::error::{Error, Result};
 
 /// Default bytes handed to one write/sendfile call. Large enough that
@@ -170,6 +172,7 @@ impl DataPlane for MemoryPlane {
             method: self.recv,
             buf: Vec::new(),
             pipe: None,
+            batching: RecvBatching::new(),
         }))
     }
 }
@@ -323,6 +326,8 @@ struct MemorySink {
     /// Only the `read` method uses it; allocated on first use.
     buf: Vec<u8>,
     pipe: Option<(OwnedFd, OwnedFd, std::fs::File)>,
+    /// SO_RCVLOWAT while the stream is fast.
+    batching: RecvBatching,
 }
 
 impl MemorySink {
@@ -424,6 +429,7 @@ impl Sink for MemorySink {
         let mut moved = 0;
         loop {
             if moved >= io.allowance {
+                self.batching.wait(io.sock, moved);
                 return Ok(Progress::Yield);
             }
             let n = self.receive_once(fd)?;
@@ -431,7 +437,7 @@ impl Sink for MemorySink {
                 let e = last_err();
                 match e.raw_os_error() {
                     Some(libc::EINTR) => continue,
-                    Some(libc::EAGAIN) => return Ok(Progress::readable()),
+                    Some(libc::EAGAIN) => return Ok(self.batching.wait(io.sock, moved)),
                     _ => return Err(Error::io("receiving", e)),
                 }
             }
@@ -444,7 +450,7 @@ impl Sink for MemorySink {
                 // The socket is (almost surely) empty: saves a call that
                 // would only say so. A later byte or the EOF makes it
                 // readable again.
-                return Ok(Progress::readable());
+                return Ok(self.batching.wait(io.sock, moved));
             }
         }
     }
