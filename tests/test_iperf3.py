@@ -181,6 +181,30 @@ def test_iperf3_client_blocks_limit(server):
     assert end["sum_sent"]["bytes"] == end["sum_received"]["bytes"] == 2000 * 131072
 
 
+# -O: a paced test, so the counted bytes tell the counted seconds.
+OMIT_RATE_BPS = 200_000_000
+OMIT_S, OMIT_TIME_S = 1, 2
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_iperf3_client_omits_the_first_seconds(server, reverse):
+    args = ["-t", OMIT_TIME_S, "-O", OMIT_S, "-b", OMIT_RATE_BPS] + (["-R"] if reverse else [])
+    data = iperf3_ok(server, *args)
+    omitted = [i["sum"]["omitted"] for i in data["intervals"]]
+    assert omitted[:OMIT_S] == [True] * OMIT_S and not any(omitted[OMIT_S:]), omitted
+    end = data["end"]
+    want = OMIT_RATE_BPS / 8 * OMIT_TIME_S
+    for key in ("sum_sent", "sum_received"):
+        # Both ends count -t's seconds only: with the omitted second the
+        # sums would be 1.5x this.
+        assert abs(end[key]["seconds"] - OMIT_TIME_S) < 0.2, (key, end[key])
+        assert 0.9 * want <= end[key]["bytes"] <= 1.1 * want, (key, end[key]["bytes"], want)
+    # The two ends stop counting the omitted seconds at their own instants:
+    # at this rate they agree within 1 %.
+    sent, received = end["sum_sent"]["bytes"], end["sum_received"]["bytes"]
+    assert abs(sent - received) <= sent / 100, (sent, received)
+
+
 def test_unsupported_option_is_refused_with_iperf3s_error(server):
     _, data, _ = run_iperf3(server.port, "-t", 1, "-L", 5)
     assert data["error"] == "an option you are trying to set is not implemented yet"
