@@ -15,6 +15,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # tests/: the dashboard checks shared with the other suites
@@ -22,6 +24,11 @@ sys.path.insert(0, str(HERE.parent))  # tests/: the dashboard checks shared with
 LAB = REPO / "lab"
 INVENTORY = REPO / "ansible" / "inventories" / "lab"
 SITE = REPO / "ansible" / "site.yml"
+# The monitor's settings the tests derive their timings from (scrape
+# interval, Grafana's data source intervals): lab/inventory/group_vars/monitoring.
+MONITORING_VARS = yaml.safe_load(
+    (LAB / "inventory" / "group_vars" / "monitoring" / "main.yml").read_text()
+)
 CAMPAIGN = REPO / "ansible" / "campaign.yml"
 VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
 

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from labkit import REPO, wait_until
+from labkit import MONITORING_VARS, REPO, wait_until
 
 CAMPAIGN = "mem-iperf3-8x2M"
 RUN = "a-to-b-iperf3"
@@ -161,8 +160,8 @@ def test_prometheus_sees_the_iperf3_test_from_both_hosts(iperf3_run):
         90,
         "xfer-a's tcp collector series of the flow to xfer-b:5201",
     )
-    # Scraped every SCRAPE_S during the SECONDS run, the flow's last sample
-    # comes at least SECONDS - SCRAPE_S into it: at least that share of its
+    # Scraped every scrape_s during the SECONDS run, the flow's last sample
+    # comes at least SECONDS - scrape_s into it: at least that share of its
     # bytes (less a tenth for the ramp-up), and never more than the run moved
     # (CI once saw 49 % of an 8 s run at a 5 s scrape interval).
     scrape_s = scrape_interval_s()
@@ -177,8 +176,7 @@ def test_prometheus_sees_the_iperf3_test_from_both_hosts(iperf3_run):
 
 def scrape_interval_s():
     """The lab Prometheus' scrape interval in seconds (its group_vars)."""
-    group_vars = REPO / "lab" / "inventory" / "group_vars" / "monitoring" / "main.yml"
-    interval = yaml.safe_load(group_vars.read_text())["prometheus_global"]["scrape_interval"]
+    interval = MONITORING_VARS["prometheus_global"]["scrape_interval"]
     assert interval.endswith("s") and interval[:-1].isdigit(), interval
     seconds = int(interval[:-1])
     assert seconds < SECONDS, "a %s scrape interval may miss an %d s run" % (interval, SECONDS)

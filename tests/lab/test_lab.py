@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from helpers import cannot_run
-from labkit import LAB, REPO, epoch, wait_until
+from labkit import MONITORING_VARS, REPO, epoch, wait_until
 
 # Engine and campaign settings of these tests. The memory run is long enough for a
 # few steps of the router panel's 15 s rate window in its steady state.
@@ -32,9 +31,6 @@ TOLERANCE = 0.10
 # Grafana's $__interval for the router (InfluxDB) panels: at least the data source's
 # minimum, which the lab sets to three of Telegraf's 5 s polls
 # (lab/inventory/group_vars/monitoring, grafana_datasource_influxdb_time_interval).
-MONITORING_VARS = yaml.safe_load(
-    (LAB / "inventory" / "group_vars" / "monitoring" / "main.yml").read_text()
-)
 INFLUX_INTERVAL = MONITORING_VARS["grafana_datasource_influxdb_time_interval"]
 INFLUX_INTERVAL_S = int(INFLUX_INTERVAL.rstrip("s"))
 # How long the 35 streams take to fill the bottleneck, left out of the steady window.
