@@ -92,6 +92,22 @@ def iperf3_ok(server, *args, timeout=120):
     return data
 
 
+def log_count(server, text):
+    return server.processes.log(server.name).count(text)
+
+
+def logs_anew(server, text, before):
+    """Waits for the server's log to hold `text` more than `before` times.
+    The server writes why it ended a test after it told the client, so the
+    client can exit before the line is written."""
+    try:
+        helpers.wait_until(
+            lambda: log_count(server, text) > before, 10, f"the server to log {text!r}", 0.1
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nserver log:\n{server.processes.log(server.name)[-4000:]}")
+
+
 def check_tcp_sums(end, sent_key, received_key, longhaul_receives, streams):
     sent = end[sent_key]["bytes"]
     received = end[received_key]["bytes"]
@@ -653,8 +669,7 @@ def test_iperf3_authentication(auth_server):
     # Without credentials at all.
     _, data, _ = run_iperf3(auth_server.port, "-t", 1)
     assert data["error"] == "test authorization failed", data.get("error")
-    log = auth_server.processes.log(auth_server.name)
-    assert "user alice: unknown, or the password does not match" in log, log
+    logs_anew(auth_server, "user alice: unknown, or the password does not match", 0)
     # Still open to the right user after the refusals.
     rc, data, stderr = authenticated(auth_server, "alice", "s3cret")
     assert rc == 0 and "error" not in data, (rc, data and data.get("error"), stderr)
@@ -684,13 +699,14 @@ def rate_limited(module_processes):
 
 def test_test_longer_than_max_duration_is_refused(duration_limited):
     # iperf3's error text; "maximum" is the client's own compiled-in limit.
+    why = f"this server allows {LIMIT_MAX_S} s"
+    before = log_count(duration_limited, why)
     _, data, _ = run_iperf3(duration_limited.port, "-t", LIMIT_MAX_S + 7, "-b", "10M")
     assert data["error"].startswith("test duration too long"), data.get("error")
     # -t plus -O counts.
     _, data, _ = run_iperf3(duration_limited.port, "-t", LIMIT_MAX_S, "-O", 1, "-b", "10M")
     assert data["error"].startswith("test duration too long"), data.get("error")
-    log = duration_limited.processes.log(duration_limited.name)
-    assert f"this server allows {LIMIT_MAX_S} s" in log, log
+    logs_anew(duration_limited, why, before + 1)
     # A test of exactly the longest runs to its end, and the server serves on.
     data = iperf3_ok(duration_limited, "-t", LIMIT_MAX_S, "-b", "50M")
     check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 1)
@@ -725,6 +741,8 @@ def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited, args):
     # Loopback runs Gb/s: over the 5 s window the average passes the limit
     # and the server ends the test, telling the client why before its data
     # connections close, so the client prints iperf3's own error.
+    why = "over 5 s; this server allows 200.00 Mb/s"
+    before = log_count(rate_limited, why)
     began = time.monotonic()
     _, data, stderr = run_iperf3(rate_limited.port, "-t", 30, *args, timeout=60)
     took = time.monotonic() - began
@@ -735,8 +753,7 @@ def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited, args):
     )
     assert took < 12, f"stopped after {took:.1f} s, not within the 5 s window and a check"
     assert len(data["intervals"]) < 10, len(data["intervals"])
-    log = rate_limited.processes.log(rate_limited.name)
-    assert "over 5 s; this server allows 200.00 Mb/s" in log, log
+    logs_anew(rate_limited, why, before)
     still_serves(rate_limited)
 
 
