@@ -12,6 +12,7 @@ Binaries come from $LONGHAUL_DIST (default <repo>/dist; `make build` fills
 it). Everything listens on 127.0.0.1 with free ports and is killed at the end.
 """
 
+import calendar
 import os
 import re
 import shutil
@@ -146,6 +147,28 @@ def run_iperf3(procs, iperf3, port, seconds):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def test_every_log_line_starts_with_an_rfc3339_utc_timestamp(procs):
+    # As the engine's log: lines of several hosts' exporters sort and
+    # correlate without journald (containers, plain shells).
+    before = time.time()
+    addr, log = start_exporter(procs)
+    scrape(addr)
+    exporter = procs.procs[-1]
+    exporter.terminate()
+    exporter.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while not any("shutting down" in line for line in log) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = [line.rstrip("\n") for line in log]
+    assert any("listening on" in line for line in lines), lines
+    assert any("signal received, shutting down" in line for line in lines), lines
+    for line in lines:
+        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z longhaul-exporter: ", line)
+        assert m, f"no RFC 3339 UTC timestamp first: {line!r}"
+        stamp = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f"))
+        assert before - 2 <= stamp <= time.time() + 2, f"{line!r} is not the time it was written"
 
 
 def test_iperf3_flows_appear_in_tcp_metrics_under_stable_labels(procs):

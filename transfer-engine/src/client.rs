@@ -275,7 +275,7 @@ pub fn check_start_at(start_at: Option<SystemTime>) -> Result<()> {
             if late > START_AT_SLACK {
                 return Err(Error::Usage(format!(
                     "--start-at {} passed {:.1} s ago; hand the senders a later instant",
-                    crate::logline::rfc3339(at),
+                    longhaul_units::rfc3339(at),
                     late.as_secs_f64()
                 )));
             }

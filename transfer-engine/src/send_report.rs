@@ -127,7 +127,7 @@ impl FinalReport {
             cpu,
             session: m.session,
             peer: m.peer,
-            started: crate::logline::rfc3339(m.started),
+            started: longhaul_units::rfc3339(m.started),
             started_unix: unix_millis(m.started),
             requested_seconds: m.requested_seconds,
             mode_report: m.mode_report,

@@ -13,11 +13,15 @@
 //!   is refused by [`parse_duration_with_unit`] (the delay line's `--delay`,
 //!   where a missing unit would be a silent thousand-fold error).
 //!
+//! - an **instant** in a log line or a report is RFC 3339 in UTC with
+//!   milliseconds ([`rfc3339`]), so lines from several hosts and binaries
+//!   sort and correlate.
+//!
 //! Suffixes are case-insensitive. Parsers accept zero; whether zero makes
 //! sense (a rate of 0 is "unlimited" for the delay line, an error for the
 //! engine) is the caller's rule. Errors name the text and what was expected.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// A value that does not follow the rules; the message names the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -208,9 +212,28 @@ pub fn size_arg(bytes: u64) -> String {
     }
 }
 
+/// `t` as RFC 3339 in UTC with milliseconds, e.g. `2026-11-21T10:00:00.123Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    match jiff::Timestamp::try_from(t) {
+        Ok(ts) => ts.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        // Out of jiff's range (years beyond 9999): no clock says that.
+        Err(_) => format!("{t:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn instants_are_rfc3339_utc_with_milliseconds() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_709_251_199_999);
+        assert_eq!(rfc3339(t), "2024-02-29T23:59:59.999Z");
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000Z");
+    }
 
     #[test]
     fn sizes_are_binary_multiples() {

@@ -25,7 +25,12 @@ pub mod scrape;
 pub mod sock_diag;
 pub mod storcli;
 
-/// Logs one line to stderr (the journal, under systemd).
+/// Logs one line to stderr (the journal, under systemd), after an RFC 3339
+/// UTC timestamp as the engine's log has it: the exporter also runs in
+/// containers and under plain shells, where nothing else stamps the line.
 pub fn log(msg: &str) {
-    eprintln!("longhaul-exporter: {msg}");
+    eprintln!(
+        "{} longhaul-exporter: {msg}",
+        longhaul_units::rfc3339(std::time::SystemTime::now())
+    );
 }
