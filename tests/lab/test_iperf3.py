@@ -6,6 +6,11 @@ DESIGN's required fields and the server's own figures), the run record
 names the protocol, the receiver's stats API shows the test as an iperf3
 session with its 8 streams while it runs and its journal logs it finished,
 and `longhaul report` draws the results directory.
+
+iperf3's UDP test, the campaign mem-iperf3-udp: one UDP stream at half the
+lab's bottleneck arrives whole, and one at twice the bottleneck arrives at
+the bottleneck's rate with the rest counted lost by the server, which names
+it a udp test in its journal.
 """
 
 import json
@@ -181,3 +186,81 @@ def scrape_interval_s():
     seconds = int(interval[:-1])
     assert seconds < SECONDS, "a %s scrape interval may miss an %d s run" % (interval, SECONDS)
     return seconds
+
+
+UDP_CAMPAIGN = "mem-iperf3-udp"
+UDP_SECONDS = 6
+
+
+@pytest.fixture(scope="module")
+def udp_runs(provisioned, tmp_path_factory):
+    lab = provisioned
+    results = tmp_path_factory.mktemp("udp-results")
+    began = time.time()
+    run, directory = lab.campaign(UDP_CAMPAIGN, results, "campaign_time=%d" % UDP_SECONDS)
+    assert run.rc == 0 and directory, "campaign %s failed:\n%s" % (UDP_CAMPAIGN, run.tail(80))
+    runs = {}
+    for name in ("a-to-b-udp-under", "a-to-b-udp-over"):
+        text = (directory / ("%s.json" % name)).read_text()
+        meta = json.loads((directory / ("%s.run.json" % name)).read_text())
+        assert "--udp" in meta["command"], meta["command"]
+        runs[name] = (json.loads(text.strip().splitlines()[-1]), rate_of(meta["run"]["rate"]))
+    return lab, runs, began
+
+
+def rate_of(campaign_rate):
+    """A campaign's rate (500M, 1G) in bits/s."""
+    scale = {"K": 1e3, "M": 1e6, "G": 1e9}
+    return float(campaign_rate[:-1]) * scale[campaign_rate[-1]]
+
+
+def udp_figures(report):
+    """(rate received in b/s, share of datagrams the server counted lost)."""
+    (stream,) = report["iperf3"]["server"]["streams"]
+    assert stream["packets"] > 0, stream
+    return report["throughput_bps"], stream["errors"] / stream["packets"]
+
+
+def test_udp_below_the_bottleneck_arrives_whole(udp_runs):
+    lab, runs, _ = udp_runs
+    report, asked = runs["a-to-b-udp-under"]
+    assert asked <= 0.6 * lab.bottleneck_bps, (asked, lab.bottleneck_rate)
+    received, lost = udp_figures(report)
+    print(
+        "UDP at %.0f Mb/s: received %.1f Mb/s, %.2f%% lost"
+        % (asked / 1e6, received / 1e6, 100 * lost)
+    )
+    assert abs(received - asked) <= 0.05 * asked, (received, asked)
+    assert lost < 0.01, report["iperf3"]["server"]
+
+
+def test_udp_above_the_bottleneck_arrives_at_its_rate_and_the_rest_is_lost(udp_runs):
+    lab, runs, _ = udp_runs
+    report, asked = runs["a-to-b-udp-over"]
+    assert asked >= 1.5 * lab.bottleneck_bps, (asked, lab.bottleneck_rate)
+    received, lost = udp_figures(report)
+    print(
+        "UDP at %.0f Mb/s over %s: received %.1f Mb/s, %.1f%% lost"
+        % (asked / 1e6, lab.bottleneck_rate, received / 1e6, 100 * lost)
+    )
+    # tbf lets its burst through at once, then the bottleneck's rate.
+    assert 0.85 * lab.bottleneck_bps <= received <= (1 + TOLERANCE) * lab.bottleneck_bps, received
+    # Twice the bottleneck offered: about half lost (the sender may fall a
+    # little short of its rate, never above it).
+    expected = 1 - lab.bottleneck_bps / asked
+    assert expected - 0.1 <= lost <= expected + 0.05, (lost, expected, report["iperf3"]["server"])
+
+
+def test_the_receiver_logs_udp_tests(udp_runs):
+    lab, _, began = udp_runs
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began - 5))
+    journal = lab.sh(
+        "xfer-b",
+        "TZ=UTC journalctl -u longhaul-serve --since '%s' --no-pager -o cat" % since,
+    ).stdout
+    finished = [
+        line
+        for line in journal.splitlines()
+        if "iperf3 test from %s:" % lab.address["xfer-a"] in line and "finished" in line
+    ]
+    assert len([line for line in finished if "udp, 1 streams" in line]) == 2, journal[-3000:]
