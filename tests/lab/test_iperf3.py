@@ -42,6 +42,15 @@ def iperf3_sessions(lab):
     return [s for s in json.loads(done.stdout)["sessions"] if s.get("protocol") == "iperf3"]
 
 
+def serve_journal(lab, began):
+    """xfer-b's longhaul-serve journal from 5 s before `began` (epoch)."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began - 5))
+    return lab.sh(
+        "xfer-b",
+        "TZ=UTC journalctl -u longhaul-serve --since '%s' --no-pager -o cat" % since,
+    ).stdout
+
+
 def receiving(session):
     return [s for s in session.get("streams", []) if s.get("direction") == "receive"]
 
@@ -114,11 +123,7 @@ def test_receiver_saw_an_iperf3_session(iperf3_run):
     lab, _, _, _, session, began = iperf3_run
     assert session["protocol"] == "iperf3" and len(receiving(session)) == STREAMS, session
     assert session["peer"].startswith(lab.address["xfer-a"]), session
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began - 5))
-    journal = lab.sh(
-        "xfer-b",
-        "TZ=UTC journalctl -u longhaul-serve --since '%s' --no-pager -o cat" % since,
-    ).stdout
+    journal = serve_journal(lab, began)
     assert "iperf3 test from %s:" % lab.address["xfer-a"] in journal, journal[-3000:]
     assert "tcp, %d streams" % STREAMS in journal, journal[-3000:]
 
@@ -253,11 +258,7 @@ def test_udp_above_the_bottleneck_arrives_at_its_rate_and_the_rest_is_lost(udp_r
 
 def test_the_receiver_logs_udp_tests(udp_runs):
     lab, _, began = udp_runs
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began - 5))
-    journal = lab.sh(
-        "xfer-b",
-        "TZ=UTC journalctl -u longhaul-serve --since '%s' --no-pager -o cat" % since,
-    ).stdout
+    journal = serve_journal(lab, began)
     finished = [
         line
         for line in journal.splitlines()
