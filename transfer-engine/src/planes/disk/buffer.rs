@@ -4,10 +4,17 @@
 //! the pool never grows: that is what keeps RSS flat whatever the tree size.
 //! Buffers are [`DIRECT_ALIGN`]-aligned so the same buffer serves buffered
 //! and O_DIRECT IO.
+//!
+//! A pool's buffers are carved from one [`Region`] backed by transparent
+//! huge pages where the kernel grants them: a 1 MiB O_DIRECT request from
+//! 4 KiB pages has 256 pieces, more than many devices take in one request
+//! (virtio-blk here: 254), so the block layer splits it in two; from a
+//! huge page it is one piece and one request. docs/performance.md has the
+//! measurement.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::workers::{WaitList, Waker};
 
@@ -19,6 +26,9 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
     len: usize,
+    /// The region the buffer was carved from (freed with the region's last
+    /// buffer); `None`: a heap allocation of its own.
+    region: Option<Arc<Region>>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
@@ -33,7 +43,35 @@ impl AlignedBuf {
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, cap, len: 0 }
+        AlignedBuf {
+            ptr,
+            cap,
+            len: 0,
+            region: None,
+        }
+    }
+
+    /// Buffers of `cap` bytes each, `count` of them, from one region.
+    fn carve(count: usize, cap: usize) -> Vec<AlignedBuf> {
+        let Some(region) = Region::new(count * cap) else {
+            return (0..count).map(|_| AlignedBuf::new(cap)).collect();
+        };
+        let region = Arc::new(region);
+        (0..count)
+            .map(|i| AlignedBuf {
+                // SAFETY: i * cap + cap <= the region's length.
+                ptr: unsafe { NonNull::new_unchecked(region.ptr.as_ptr().add(i * cap)) },
+                cap,
+                len: 0,
+                region: Some(region.clone()),
+            })
+            .collect()
+    }
+
+    /// Whether the buffer lies in a huge-page region (tests).
+    #[cfg(test)]
+    fn in_region(&self) -> bool {
+        self.region.is_some()
     }
 
     pub fn capacity(&self) -> usize {
@@ -80,9 +118,79 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.region.is_some() {
+            return;
+        }
         let layout = Layout::from_size_align(self.cap, DIRECT_ALIGN).expect("valid buffer layout");
         // SAFETY: allocated in `new` with this layout.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// Huge page size of x86-64 and arm64 (4K pages): the region's alignment.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Anonymous memory aligned to [`HUGE_PAGE`], asked to be backed by
+/// transparent huge pages (`MADV_HUGEPAGE`; with THP set to `never` it
+/// still works, on 4 KiB pages). Zero-filled, faulted in on first use.
+struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory; the buffers carved from it are
+// disjoint and each is owned by one AlignedBuf.
+unsafe impl Send for Region {}
+// SAFETY: Region itself hands out no access.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// `None` where the mapping fails (the caller falls back to the heap).
+    fn new(bytes: usize) -> Option<Region> {
+        let len = bytes.max(1).next_multiple_of(HUGE_PAGE);
+        let span = len + HUGE_PAGE;
+        // SAFETY: a fresh private anonymous mapping; no existing memory.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(HUGE_PAGE);
+        let (head, tail) = (aligned - start, span - (aligned - start) - len);
+        // SAFETY: both trims lie inside the mapping made above and outside
+        // [aligned, aligned + len), which we keep; munmap of a zero length
+        // is skipped.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+            // Advice only: without THP the region stays on small pages.
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        Some(Region {
+            ptr: NonNull::new(aligned as *mut u8)?,
+            len,
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the mapping of `new`; no buffer into it is left (each
+        // holds an Arc to the region).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
@@ -108,9 +216,7 @@ pub enum Take {
 impl BufferPool {
     pub fn new(count: usize) -> Self {
         let count = count.max(1);
-        let bufs = (0..count)
-            .map(|_| AlignedBuf::new(CHUNK_SIZE as usize))
-            .collect();
+        let bufs = AlignedBuf::carve(count, CHUNK_SIZE as usize);
         BufferPool {
             state: Mutex::new((bufs, false)),
             ready: Condvar::new(),
@@ -192,5 +298,75 @@ mod tests {
         assert!(t.join().unwrap());
         pool.close();
         assert!(pool.get().is_none());
+    }
+
+    /// The AnonHugePages of the mapping that holds `addr`, in KiB.
+    fn huge_kib_at(addr: usize) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        inside = (a..b).contains(&addr);
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(v) = line.strip_prefix("AnonHugePages:") {
+                    return v.trim().trim_end_matches("kB").trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn pool_buffers_are_carved_from_one_huge_page_region() {
+        let pool = BufferPool::new(5);
+        let mut bufs: Vec<AlignedBuf> = (0..5).map(|_| pool.get().unwrap()).collect();
+        let mut addrs: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
+        addrs.sort();
+        assert!(bufs.iter().all(|b| b.in_region()));
+        // Adjacent, whole chunks, the region starting on a huge page: each
+        // 1 MiB buffer lies inside one 2 MiB page.
+        assert_eq!(addrs[0] % HUGE_PAGE, 0);
+        for w in addrs.windows(2) {
+            assert_eq!(w[1] - w[0], CHUNK_SIZE as usize);
+        }
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.as_mut_full().fill(i as u8 + 1);
+            b.set_len(CHUNK_SIZE as usize);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.as_slice().iter().all(|&x| x == i as u8 + 1));
+        }
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        if !thp.contains("[never]") {
+            let huge = huge_kib_at(addrs[0]).expect("the region is in /proc/self/smaps");
+            assert!(
+                huge >= 2048,
+                "THP is '{}' but the pool has {huge} KiB of huge pages",
+                thp.trim()
+            );
+        }
+        // Buffers outlive the pool; the region goes with the last of them.
+        let region = Arc::downgrade(bufs[0].region.as_ref().unwrap());
+        drop(pool);
+        let last = bufs.pop().unwrap();
+        drop(bufs);
+        assert!(
+            region.upgrade().is_some(),
+            "region kept while a buffer is out"
+        );
+        drop(last);
+        assert!(
+            region.upgrade().is_none(),
+            "region freed with its last buffer"
+        );
     }
 }
