@@ -165,11 +165,22 @@ pub fn open_source(path: &std::path::Path, direct: bool, follow: bool) -> io::Re
     Ok(f)
 }
 
-/// Pool size: two blocks per stream in flight plus, per IO worker, two
-/// queued and its IO depth in flight, so neither side starves the other;
-/// never grows.
+/// The most buffers a pipeline keeps for its streams, however many streams
+/// it has: 64 MiB of blocks in flight is far more than a disk can take at
+/// once, and it bounds what one session can make an end hold (a peer that
+/// starts a block on every one of 1024 streams and then trickles would
+/// otherwise pin 2 GiB of the server).
+pub const STREAM_BUFFERS_MAX: usize = 64;
+
+/// Pool size: two blocks per stream in flight (at most
+/// [`STREAM_BUFFERS_MAX`]) plus, per IO worker, two queued and its IO depth
+/// in flight, so neither side starves the other; never grows. With more
+/// streams than that, streams wait their turn for a buffer: each IO worker
+/// always has its depth's worth, and every other buffer is either a block a
+/// stream is sending or receiving whole, or a write in flight, so each comes
+/// back.
 pub fn pool_buffers(streams: usize, workers: usize) -> usize {
-    2 * streams + (2 + READ_DEPTH) * workers + 2
+    (2 * streams).min(STREAM_BUFFERS_MAX) + (2 + READ_DEPTH) * workers + 2
 }
 
 impl SendPipeline {

@@ -169,6 +169,46 @@ fn assert_same_tree(a: &Path, b: &Path) {
 }
 
 #[test]
+fn many_more_streams_than_buffers_still_round_trip() {
+    // 256 streams against a pool of 64 stream buffers on each end: streams
+    // take turns for buffers; none may wait for a buffer that never comes.
+    let base = tmp("crowd");
+    let top = base.join("src/top");
+    fs::create_dir_all(&top).unwrap();
+    for i in 0..24u8 {
+        let len = (i as usize % 5) * CHUNK_SIZE as usize + 4096 * i as usize + 1;
+        fs::write(top.join(format!("f{i}")), pattern(len, i)).unwrap();
+    }
+    fs::write(top.join("big"), pattern(40 * CHUNK_SIZE as usize + 3, 99)).unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions {
+        streams: 256,
+        resume: false,
+        ..DiskOptions::default()
+    };
+    let pool = super::reader::pool_buffers(opts.streams, 1);
+    assert!(
+        pool <= super::reader::STREAM_BUFFERS_MAX + 16,
+        "pool of {pool} buffers for {} streams",
+        opts.streams
+    );
+    let (tx, rx) = mpsc::channel();
+    let (t, r, o) = (top.clone(), root.clone(), opts.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(transfer(std::slice::from_ref(&t), &r, "crowd", &o));
+    });
+    let out = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the transfer finished (no stream starved of a buffer)");
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    assert!(out.sender_failures.is_empty());
+    assert_eq!(out.report.files, 25);
+    assert_same_tree(&top, &root.join("crowd/top"));
+    fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
 fn tree_round_trips_bit_identical_and_resume_skips() {
     let base = tmp("tree");
     let top = base.join("src/top");
