@@ -170,7 +170,7 @@ fn assert_same_tree(a: &Path, b: &Path) {
 
 #[test]
 fn many_more_streams_than_buffers_still_round_trip() {
-    // 256 streams against a pool of 64 stream buffers on each end: streams
+    // 256 streams against a pool of 128 stream buffers on each end: streams
     // take turns for buffers; none may wait for a buffer that never comes.
     let base = tmp("crowd");
     let top = base.join("src/top");
