@@ -68,12 +68,6 @@ impl AlignedBuf {
             .collect()
     }
 
-    /// Whether the buffer lies in a huge-page region (tests).
-    #[cfg(test)]
-    fn in_region(&self) -> bool {
-        self.region.is_some()
-    }
-
     pub fn capacity(&self) -> usize {
         self.cap
     }
@@ -165,7 +159,8 @@ impl Region {
         }
         let start = raw as usize;
         let aligned = start.next_multiple_of(HUGE_PAGE);
-        let (head, tail) = (aligned - start, span - (aligned - start) - len);
+        let head = aligned - start;
+        let tail = HUGE_PAGE - head;
         // SAFETY: both trims lie inside the mapping made above and outside
         // [aligned, aligned + len), which we keep; munmap of a zero length
         // is skipped.
@@ -330,7 +325,7 @@ mod tests {
         let mut bufs: Vec<AlignedBuf> = (0..5).map(|_| pool.get().unwrap()).collect();
         let mut addrs: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
         addrs.sort();
-        assert!(bufs.iter().all(|b| b.in_region()));
+        assert!(bufs.iter().all(|b| b.region.is_some()));
         // Adjacent, whole chunks, the region starting on a huge page: each
         // 1 MiB buffer lies inside one 2 MiB page.
         assert_eq!(addrs[0] % HUGE_PAGE, 0);
