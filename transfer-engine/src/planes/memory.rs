@@ -281,7 +281,13 @@ impl Source for MemorySource {
             if moved >= io.allowance {
                 return Ok(Progress::Yield);
             }
-            let want = match budget.grant(self.sent, self.chunk.min(io.allowance - moved)) {
+            // At least one chunk per turn, whatever LONGHAUL_CHUNK says.
+            let room = if moved == 0 {
+                self.chunk
+            } else {
+                self.chunk.min(io.allowance - moved)
+            };
+            let want = match budget.grant(self.sent, room) {
                 Grant::Send(n) => n,
                 Grant::WaitUntil(t) => return Ok(Progress::at(t)),
                 Grant::Done => return Ok(Progress::Done),
