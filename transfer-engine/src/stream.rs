@@ -141,12 +141,13 @@ enum Phase {
 }
 
 /// Most bytes a sending stream whose socket runs BBR moves in one turn:
-/// one memory-mode chunk or disk block, against the workers' 4 MiB.
+/// one memory-mode chunk or disk block, against the workers'
+/// [`workers::TURN_BYTES`].
 ///
 /// Chosen by measurement on loopback (2 cores, 2M buffers, alternating
 /// 4 s runs; docs/performance.md, "The sending turn"). With BBR, one chunk
 /// per turn: 128 streams 88-90 -> 101-102 Gb/s, 1024 streams 77 -> 85-87,
-/// CPU per GB 5-10 % lower; 4 streams the same, 1 stream ~3 % lower. The
+/// CPU per GB 5-10 % lower; 1, 4 and 35 streams the same within noise. The
 /// receivers' queues then hold at most about a chunk per socket (with
 /// 4 MiB turns up to 4 MB, 25 MB in all at 128 streams). With cubic the
 /// 4 MiB turn is the faster one (128 streams 119.5 against 108.7 Gb/s with
