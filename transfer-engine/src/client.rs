@@ -203,12 +203,11 @@ fn attach_all(
                 .iter()
                 .map(|&id| {
                     scope.spawn(move || -> Result<(TcpStream, Option<String>)> {
-                        let mut sock = connection::connect(addr)?;
-                        let w = session::configure_data_socket(
-                            &sock,
-                            req,
-                            session::client_sends(req, id),
-                        )?;
+                        let sends = session::client_sends(req, id);
+                        let (mut sock, w) = connection::connect_prepared(addr, |s| {
+                            session::configure_data_socket(&s, req, sends)
+                        })?;
+                        session::set_data_timeouts(&sock)?;
                         AttachHeader::new(&accepted.attach_key, accepted.session_id, id)
                             .send_and_confirm(&mut sock)?;
                         Ok((sock, w))

@@ -1,11 +1,13 @@
 //! A control connection: a TCP stream that sends and receives [`Message`]s,
-//! and how a client reaches a server ([`resolve`], [`connect`]).
+//! and how a client reaches a server ([`resolve`], [`connect`],
+//! [`connect_prepared`]).
 //!
 //! Reads carry a timeout so a silent peer cannot hold a handshake forever;
 //! an `Error` message from the peer turns into the matching [`Error`].
 
 use std::io::{BufReader, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -27,6 +29,33 @@ pub fn resolve(to: &str) -> Result<SocketAddr> {
 pub fn connect(addr: SocketAddr) -> Result<TcpStream> {
     TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
         .map_err(|e| Error::io(format!("connecting to {addr}"), e))
+}
+
+/// A TCP connection to `addr`, within [`CONNECT_TIMEOUT`], whose socket
+/// `prepare` configured before it connected.
+///
+/// Some options only fully apply to a socket that has not connected yet: a
+/// congestion control chosen after the handshake runs on top of the
+/// default's initialisation (BBR, this machine's default, switches the
+/// socket's pacing on and a later `cubic` does not switch it off), and the
+/// window scale is agreed in the SYN from the receive buffer of that
+/// moment. `prepare`'s result (e.g. a buffer warning) is returned with the
+/// stream.
+pub fn connect_prepared<T>(
+    addr: SocketAddr,
+    prepare: impl FnOnce(BorrowedFd<'_>) -> Result<T>,
+) -> Result<(TcpStream, T)> {
+    let fail = |e| Error::io(format!("connecting to {addr}"), e);
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM.cloexec(),
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(fail)?;
+    let prepared = prepare(sock.as_fd())?;
+    sock.connect_timeout(&addr.into(), CONNECT_TIMEOUT)
+        .map_err(fail)?;
+    Ok((sock.into(), prepared))
 }
 
 pub struct Connection {
@@ -123,5 +152,53 @@ impl Connection {
                 .map_err(|e| Error::io("control connection", e))?,
         )?;
         Ok((self, writer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sockopt;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_prepared_socket_is_configured_before_it_connects() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (sock, peer_while_prepared) = connect_prepared(l.local_addr().unwrap(), |fd| {
+            sockopt::set_cc(&fd, "reno")?;
+            Ok(socket2::SockRef::from(&fd)
+                .peer_addr()
+                .map_err(|e| e.raw_os_error()))
+        })
+        .unwrap();
+        // prepare saw a socket with no peer yet: its options were in place
+        // for the SYN, and they hold on the connected stream.
+        assert_eq!(peer_while_prepared.unwrap_err(), Some(libc::ENOTCONN));
+        assert_eq!(sock.peer_addr().unwrap(), l.local_addr().unwrap());
+        assert_eq!(sockopt::get_cc(&sock).as_deref(), Some("reno"));
+        let (accepted, _) = l.accept().unwrap();
+        assert_eq!(accepted.peer_addr().unwrap(), sock.local_addr().unwrap());
+    }
+
+    #[test]
+    fn a_failed_preparation_connects_nothing() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let err = connect_prepared(l.local_addr().unwrap(), |fd| {
+            sockopt::set_cc(&fd, "no-such-cc")
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("no-such-cc"), "{err}");
+        let pending = l.accept().map(|_| ()).map_err(|e| e.kind());
+        assert_eq!(pending, Err(std::io::ErrorKind::WouldBlock));
+    }
+
+    #[test]
+    fn a_refused_connection_names_the_address() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let err = connect_prepared(addr, |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
     }
 }

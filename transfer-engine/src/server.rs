@@ -117,6 +117,13 @@ impl Server {
             None => None,
         };
         let listener = bind(&opts.listen, "--listen")?;
+        if let Err(e) = session::prepare_listener(&listener) {
+            // Sessions still get the congestion control they ask for, on top
+            // of the default's start (BBR's pacing stays on).
+            log(format!(
+                "warning: accepted sockets start with the default congestion control: {e}"
+            ));
+        }
         let stats = bind(&opts.stats_listen, "--stats-listen")?;
         let registry = Arc::new(Registry::new());
         let stats = crate::stats_http::spawn(stats, registry.clone())
@@ -243,7 +250,7 @@ fn handle_attach(arrival: Arrival, ctx: &Context) -> Result<()> {
         }
     }
     let sends = !session::client_sends(&slot.request, id);
-    if let Some(w) = session::configure_data_socket(&conn, &slot.request, sends)? {
+    if let Some(w) = session::configure_accepted_data_socket(&conn, &slot.request, sends)? {
         if !ctx.warned_buffers.swap(true, Ordering::Relaxed) {
             log(w);
         }

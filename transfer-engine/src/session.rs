@@ -9,7 +9,8 @@
 //! process's data workers) is the stream layer's business. The mode's data plane is only
 //! seen through [`DataPlane`].
 
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -125,10 +126,13 @@ pub fn validate(req: &SessionRequest) -> Result<()> {
     Ok(())
 }
 
-/// Applies the session's socket options to a data socket. Returns the
-/// kernel's warning about capped buffers, if any.
+/// Applies the session's socket options to a data socket: the client's
+/// before it connects ([`crate::connection::connect_prepared`]), so the
+/// handshake already runs the congestion control and buffers asked for; the
+/// server's once accepted. Returns the kernel's warning about capped
+/// buffers, if any.
 pub fn configure_data_socket(
-    sock: &TcpStream,
+    sock: &impl AsRawFd,
     req: &SessionRequest,
     sends: bool,
 ) -> Result<Option<String>> {
@@ -140,11 +144,38 @@ pub fn configure_data_socket(
         let per_stream = (rate / 8 / req.streams as u64).max(1);
         sockopt::set_max_pacing_rate(sock, per_stream)?;
     }
-    let set = sock
-        .set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
-        .and_then(|_| sock.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)));
-    set.map_err(|e| Error::io("setting data socket timeouts", e))?;
     Ok(warning)
+}
+
+/// A data socket the server accepted: the session's options as
+/// [`configure_data_socket`] sets them, the machine's default congestion
+/// control when the session names none (the listener started the socket as
+/// [`sockopt::NEUTRAL_CC`], [`prepare_listener`]), and the timeouts.
+pub fn configure_accepted_data_socket(
+    sock: &TcpStream,
+    req: &SessionRequest,
+    sends: bool,
+) -> Result<Option<String>> {
+    let warning = configure_data_socket(sock, req, sends)?;
+    if req.cc.is_none() {
+        sockopt::set_cc(sock, &sockopt::default_cc()?)?;
+    }
+    set_data_timeouts(sock)?;
+    Ok(warning)
+}
+
+/// Makes the server's listener hand out sockets that start as
+/// [`sockopt::NEUTRAL_CC`], so a session's congestion control, set once the
+/// session is known, is the only one its streams ever ran.
+pub fn prepare_listener(listener: &TcpListener) -> Result<()> {
+    sockopt::set_cc(listener, sockopt::NEUTRAL_CC)
+}
+
+/// The read and write timeouts of a connected data socket.
+pub fn set_data_timeouts(sock: &TcpStream) -> Result<()> {
+    sock.set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
+        .and_then(|_| sock.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)))
+        .map_err(|e| Error::io("setting data socket timeouts", e))
 }
 
 /// Builds the stats of this end's streams from the attached sockets
@@ -520,6 +551,33 @@ mod tests {
             rate_bps: None,
             mode_params: None,
             client_host: None,
+        }
+    }
+
+    #[test]
+    fn accepted_data_sockets_run_only_the_session_s_congestion_control() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        prepare_listener(&listener).unwrap();
+        let default = sockopt::default_cc().unwrap();
+        let other = if default == "reno" { "bbr" } else { "reno" };
+        for (asked, expected) in [(None, default.as_str()), (Some(other), other)] {
+            let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            // Its handshake ran NEUTRAL_CC, not the default (BBR here): no
+            // BBR start (its pacing) under what the session asks for.
+            assert_eq!(
+                sockopt::get_cc(&accepted).as_deref(),
+                Some(sockopt::NEUTRAL_CC)
+            );
+            let mut r = req(Direction::Receive, 1, Some(1));
+            r.cc = asked.map(str::to_string);
+            configure_accepted_data_socket(&accepted, &r, true).unwrap();
+            assert_eq!(
+                sockopt::get_cc(&accepted).as_deref(),
+                Some(expected),
+                "{asked:?}"
+            );
+            assert_eq!(accepted.read_timeout().unwrap(), Some(DATA_SOCKET_TIMEOUT));
         }
     }
 

@@ -5,7 +5,6 @@
 //! lesson of Solaris' tcp_max_buf: a transfer tuned for 2 MB windows that
 //! runs with 208 KB ones is slow for no visible reason).
 
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd};
 
 use longhaul_stats_api::TcpInfo;
@@ -62,7 +61,7 @@ fn getsockopt_int(sock: &impl AsRawFd, level: i32, name: i32) -> std::io::Result
 
 /// Sets SO_SNDBUF and SO_RCVBUF to `bytes`. Returns a warning when the kernel
 /// capped either (it reports twice the usable size; we compare halves).
-pub fn set_buffers(sock: &TcpStream, bytes: u64) -> Result<Option<String>> {
+pub fn set_buffers(sock: &impl AsRawFd, bytes: u64) -> Result<Option<String>> {
     let want = bytes.min(i32::MAX as u64) as libc::c_int;
     let mut capped = Vec::new();
     for (name, opt, sysctl) in [
@@ -81,6 +80,27 @@ pub fn set_buffers(sock: &TcpStream, bytes: u64) -> Result<Option<String>> {
         }
     }
     Ok((!capped.is_empty()).then(|| format!("warning: {}", capped.join("; "))))
+}
+
+/// Where the kernel names the congestion control new sockets start with.
+pub const DEFAULT_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+
+/// The congestion control a server's listener gives the sockets it accepts,
+/// so that the one a session asks for (or the machine's default), set once
+/// the session is known, is all they run. A socket whose handshake ran BBR
+/// keeps BBR's pacing after a switch to another algorithm; Reno sets nothing
+/// up that outlives it, is built into every kernel and allowed to every
+/// process.
+pub const NEUTRAL_CC: &str = "reno";
+
+/// The machine's default congestion control.
+pub fn default_cc() -> Result<String> {
+    let text = std::fs::read_to_string(DEFAULT_CC_PATH)
+        .map_err(|e| Error::io(format!("reading {DEFAULT_CC_PATH}"), e))?;
+    match text.trim() {
+        "" => Err(Error::Unsupported(format!("{DEFAULT_CC_PATH} is empty"))),
+        name => Ok(name.to_string()),
+    }
 }
 
 /// The kernel's available congestion control algorithms.
@@ -192,7 +212,7 @@ pub fn set_tos(sock: &impl AsRawFd, ipv6: bool, tos: u8) -> Result<()> {
 
 /// Sets SO_MAX_PACING_RATE in bytes per second. TCP paces by itself when no
 /// fq qdisc is present (since Linux 4.13), so this works on our kernels too.
-pub fn set_max_pacing_rate(sock: &TcpStream, bytes_per_second: u64) -> Result<()> {
+pub fn set_max_pacing_rate(sock: &impl AsRawFd, bytes_per_second: u64) -> Result<()> {
     setsockopt(
         sock,
         libc::SOL_SOCKET,
@@ -253,7 +273,7 @@ pub fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
 
     #[test]
     fn tcp_info_of_a_loopback_connection() {

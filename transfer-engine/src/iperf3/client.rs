@@ -173,14 +173,16 @@ fn connect_streams(
     let mut warned = false;
     (0..total)
         .map(|_| {
-            let mut s = connection::connect(addr)?;
-            let w = sockopt::set_buffers(&s, opts.buffer)?;
+            let (mut s, w) = connection::connect_prepared(addr, |s| {
+                let w = sockopt::set_buffers(&s, opts.buffer)?;
+                if let Some(cc) = &opts.cc {
+                    sockopt::set_cc(&s, cc)?;
+                }
+                Ok(w)
+            })?;
             if let (Some(w), false) = (w, warned) {
                 eprintln!("longhaul: {w}");
                 warned = true;
-            }
-            if let Some(cc) = &opts.cc {
-                sockopt::set_cc(&s, cc)?;
             }
             s.set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
                 .and_then(|_| s.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)))
