@@ -1,15 +1,10 @@
 //! Lines of the server's log: `2026-11-21T10:00:00.123Z longhaul serve: ...`,
-//! an RFC 3339 UTC timestamp first ([`longhaul_units::rfc3339`], as every
+//! an RFC 3339 UTC timestamp first ([`longhaul_units::log_line`], as every
 //! longhaul binary writes it) so lines from several hosts sort and correlate
 //! (journald adds its own, but the engine also runs under plain shells and
 //! in containers).
 
-use std::time::SystemTime;
-
 /// Writes one line of the server's log to stderr.
 pub fn server(msg: impl std::fmt::Display) {
-    eprintln!(
-        "{} longhaul serve: {msg}",
-        longhaul_units::rfc3339(SystemTime::now())
-    );
+    longhaul_units::log("longhaul serve", msg);
 }

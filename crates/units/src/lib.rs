@@ -221,10 +221,32 @@ pub fn rfc3339(t: SystemTime) -> String {
     }
 }
 
+/// One line of a longhaul program's log as every one of them writes it:
+/// the instant ([`rfc3339`]) first, so lines from several hosts and
+/// programs sort and correlate, then `program: msg`.
+pub fn log_line(at: SystemTime, program: &str, msg: impl std::fmt::Display) -> String {
+    format!("{} {program}: {msg}", rfc3339(at))
+}
+
+/// Writes one [`log_line`] of `program`, stamped now, to stderr (the
+/// journal under systemd; plain shells and containers stamp nothing).
+pub fn log(program: &str, msg: impl std::fmt::Display) {
+    eprintln!("{}", log_line(SystemTime::now(), program, msg));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn a_log_line_starts_with_its_utc_instant() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_764_151_200_250);
+        assert_eq!(
+            log_line(at, "longhaul-delay", "stopping (signal 15)"),
+            "2025-11-26T10:00:00.250Z longhaul-delay: stopping (signal 15)"
+        );
+    }
 
     #[test]
     fn instants_are_rfc3339_utc_with_milliseconds() {

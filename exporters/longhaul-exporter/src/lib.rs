@@ -29,8 +29,5 @@ pub mod storcli;
 /// UTC timestamp as the engine's log has it: the exporter also runs in
 /// containers and under plain shells, where nothing else stamps the line.
 pub fn log(msg: &str) {
-    eprintln!(
-        "{} longhaul-exporter: {msg}",
-        longhaul_units::rfc3339(std::time::SystemTime::now())
-    );
+    longhaul_units::log("longhaul-exporter", msg);
 }

@@ -107,11 +107,11 @@ impl Direction {
         clock::set_precise_timers();
         if self.realtime_priority > 0 {
             if let Err(e) = set_realtime(self.realtime_priority) {
-                eprintln!(
-                    "longhaul-delay: {}: cannot use SCHED_FIFO priority {} ({e}); \
+                crate::log(format_args!(
+                    "{}: cannot use SCHED_FIFO priority {} ({e}); \
                      staying on the normal scheduler, release times may slip under CPU load",
                     self.label, self.realtime_priority
-                );
+                ));
             }
         }
         let stats = self.stats.clone();

@@ -9,7 +9,7 @@
 //! holds them in a preallocated ring ([`ring`]) and writes them to the other
 //! TUN device ([`tun`]) when due, where the kernel forwards them on to the
 //! other site. With `--offload`, [`frame`] reads the virtio-net header of TCP
-//! super-packets to charge their true wire size. [`stats`] counts what happened; [`probe`] is a UDP RTT check
+//! super-packets to charge their true wire size. [`stats`] counts what happened and [`log`] writes it; [`probe`] is a UDP RTT check
 //! for hosts without ping; [`run`] ties it all together from its
 //! [`run::RunConfig`], which [`cli`] (clap) fills from the command line.
 //!
@@ -32,3 +32,12 @@ pub mod stats;
 pub mod tun;
 
 pub use error::{Error, Result};
+
+/// Writes one line of the delay line's log to stderr (counters, warnings,
+/// stopping, teardown): [`longhaul_units::log_line`], an RFC 3339 UTC
+/// timestamp first, so the counters line up with the transfer's log when it
+/// runs in a plain shell or a container. Errors that end the program stay
+/// plain, as a command's.
+pub fn log(msg: impl std::fmt::Display) {
+    longhaul_units::log("longhaul-delay", msg);
+}

@@ -27,10 +27,10 @@ fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> Error {
 /// Echoes every datagram back to its sender, forever.
 pub fn echo(listen: SocketAddr) -> Result<()> {
     let socket = UdpSocket::bind(listen).map_err(io_err("binding the echo socket"))?;
-    eprintln!(
-        "longhaul-delay echo: listening on {}",
+    crate::log(format_args!(
+        "echo: listening on {}",
         socket.local_addr().map_err(io_err("local address"))?
-    );
+    ));
     let mut buf = [0u8; 2048];
     loop {
         let (n, from) = socket

@@ -143,7 +143,7 @@ impl Installed {
 impl Drop for Installed {
     fn drop(&mut self) {
         for e in self.remove() {
-            eprintln!("longhaul-delay: teardown: {e}");
+            crate::log(format_args!("teardown: {e}"));
         }
     }
 }

@@ -227,22 +227,19 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
         if !cfg.stats_interval.is_zero() && elapsed >= cfg.stats_interval {
             for (label, stats, _, prev) in workers.iter_mut() {
                 let now = stats.snapshot(true);
-                eprintln!(
-                    "longhaul-delay: {}",
-                    Report {
-                        direction: label,
-                        now,
-                        prev: *prev,
-                        seconds: elapsed.as_secs_f64(),
-                    }
-                );
+                crate::log(Report {
+                    direction: label,
+                    now,
+                    prev: *prev,
+                    seconds: elapsed.as_secs_f64(),
+                });
                 *prev = now;
             }
             last_report = Instant::now();
         }
     };
 
-    eprintln!("longhaul-delay: stopping ({reason})");
+    crate::log(format_args!("stopping ({reason})"));
     stop.store(true, Relaxed);
     let mut failure = None;
     for ((label, stats, handle, _), input) in workers.into_iter().zip(&input_names) {
@@ -256,8 +253,8 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
                 })
             }
         }
-        eprintln!(
-            "longhaul-delay: total {} kernel_dropped={}",
+        crate::log(format_args!(
+            "total {} kernel_dropped={}",
             Report {
                 direction: label,
                 now: stats.snapshot(false),
@@ -265,11 +262,11 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
                 seconds: 0.0,
             },
             kernel_dropped(input)
-        );
+        ));
     }
     if let Some(installed) = routing.as_mut() {
         for e in installed.remove() {
-            eprintln!("longhaul-delay: teardown: {e}");
+            crate::log(format_args!("teardown: {e}"));
         }
     }
     drop(routing);

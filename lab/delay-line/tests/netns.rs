@@ -199,6 +199,12 @@ fn total(stderr: &str, direction: &str, key: &str) -> u64 {
         .lines()
         .find(|l| l.contains(&format!("total {direction} ")))
         .unwrap_or_else(|| panic!("no totals for {direction} in:\n{stderr}"));
+    // A log line: "2026-11-26T12:00:00.250Z longhaul-delay: total ...".
+    let stamp = line.split_whitespace().next().unwrap_or_default();
+    assert!(
+        stamp.len() == 24 && stamp.as_bytes()[10] == b'T' && stamp.ends_with('Z'),
+        "no UTC timestamp first in {line}"
+    );
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
         .and_then(|v| v.parse().ok())
