@@ -35,6 +35,7 @@ use crate::planes::{self, ServerPlanes};
 use crate::probe;
 use crate::registry::{Registry, SessionEntry};
 use crate::session::{self, Event, Side};
+use crate::sockopt;
 
 /// Default control/data port (DESIGN.md).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7400";
@@ -117,7 +118,7 @@ impl Server {
             None => None,
         };
         let listener = bind(&opts.listen, "--listen")?;
-        if let Err(e) = session::prepare_listener(&listener) {
+        if let Err(e) = sockopt::start_accepted_as_neutral(&listener) {
             // Sessions still get the congestion control they ask for, on top
             // of the default's start (BBR's pacing stays on).
             log(format!(

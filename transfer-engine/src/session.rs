@@ -9,7 +9,7 @@
 //! process's data workers) is the stream layer's business. The mode's data plane is only
 //! seen through [`DataPlane`].
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -150,7 +150,8 @@ pub fn configure_data_socket(
 /// A data socket the server accepted: the session's options as
 /// [`configure_data_socket`] sets them, the machine's default congestion
 /// control when the session names none (the listener started the socket as
-/// [`sockopt::NEUTRAL_CC`], [`prepare_listener`]), and the timeouts.
+/// [`sockopt::NEUTRAL_CC`], [`sockopt::start_accepted_as_neutral`]), and the
+/// timeouts.
 pub fn configure_accepted_data_socket(
     sock: &TcpStream,
     req: &SessionRequest,
@@ -158,17 +159,10 @@ pub fn configure_accepted_data_socket(
 ) -> Result<Option<String>> {
     let warning = configure_data_socket(sock, req, sends)?;
     if req.cc.is_none() {
-        sockopt::set_cc(sock, &sockopt::default_cc()?)?;
+        sockopt::set_cc_or_default(sock, None)?;
     }
     set_data_timeouts(sock)?;
     Ok(warning)
-}
-
-/// Makes the server's listener hand out sockets that start as
-/// [`sockopt::NEUTRAL_CC`], so a session's congestion control, set once the
-/// session is known, is the only one its streams ever ran.
-pub fn prepare_listener(listener: &TcpListener) -> Result<()> {
-    sockopt::set_cc(listener, sockopt::NEUTRAL_CC)
 }
 
 /// The read and write timeouts of a connected data socket.
@@ -556,19 +550,9 @@ mod tests {
 
     #[test]
     fn accepted_data_sockets_run_only_the_session_s_congestion_control() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        prepare_listener(&listener).unwrap();
-        let default = sockopt::default_cc().unwrap();
-        let other = if default == "reno" { "bbr" } else { "reno" };
+        let (listener, default, other) = sockopt::neutral::listener();
         for (asked, expected) in [(None, default.as_str()), (Some(other), other)] {
-            let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-            let (accepted, _) = listener.accept().unwrap();
-            // Its handshake ran NEUTRAL_CC, not the default (BBR here): no
-            // BBR start (its pacing) under what the session asks for.
-            assert_eq!(
-                sockopt::get_cc(&accepted).as_deref(),
-                Some(sockopt::NEUTRAL_CC)
-            );
+            let (_client, accepted) = sockopt::neutral::accept(&listener);
             let mut r = req(Direction::Receive, 1, Some(1));
             r.cc = asked.map(str::to_string);
             configure_accepted_data_socket(&accepted, &r, true).unwrap();

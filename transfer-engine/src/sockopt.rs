@@ -5,6 +5,7 @@
 //! lesson of Solaris' tcp_max_buf: a transfer tuned for 2 MB windows that
 //! runs with 208 KB ones is slow for no visible reason).
 
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd};
 
 use longhaul_stats_api::TcpInfo;
@@ -92,6 +93,22 @@ pub const DEFAULT_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
 /// up that outlives it, is built into every kernel and allowed to every
 /// process.
 pub const NEUTRAL_CC: &str = "reno";
+
+/// Makes `listener` hand out sockets that start as [`NEUTRAL_CC`], so that
+/// what [`set_cc_or_default`] gives each once its session is known is the
+/// only congestion control it ever ran.
+pub fn start_accepted_as_neutral(listener: &TcpListener) -> Result<()> {
+    set_cc(listener, NEUTRAL_CC)
+}
+
+/// For a socket a [`start_accepted_as_neutral`] listener accepted: the
+/// congestion control asked for, or the machine's default.
+pub fn set_cc_or_default(sock: &impl AsRawFd, asked: Option<&str>) -> Result<()> {
+    match asked {
+        Some(cc) => set_cc(sock, cc),
+        None => set_cc(sock, &default_cc()?),
+    }
+}
 
 /// The machine's default congestion control.
 pub fn default_cc() -> Result<String> {
@@ -270,10 +287,38 @@ pub fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
     Some(info.bytes_acked?.wrapping_add(info.bytes_received?))
 }
 
+/// Test support: sockets accepted from a [`start_accepted_as_neutral`]
+/// listener.
+#[cfg(test)]
+pub(crate) mod neutral {
+    use super::*;
+    use std::net::TcpStream;
+
+    /// The listener, the machine's default congestion control and another
+    /// algorithm every kernel has.
+    pub fn listener() -> (TcpListener, String, &'static str) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        start_accepted_as_neutral(&listener).unwrap();
+        let default = default_cc().unwrap();
+        let other = if default == "reno" { "bbr" } else { "reno" };
+        (listener, default, other)
+    }
+
+    /// One connection to `listener`: (client end, accepted end), the
+    /// accepted end checked to have started as [`NEUTRAL_CC`], not as the
+    /// default (BBR here, whose start would leave its pacing on).
+    pub fn accept(listener: &TcpListener) -> (TcpStream, TcpStream) {
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert_eq!(get_cc(&accepted).as_deref(), Some(NEUTRAL_CC));
+        (client, accepted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{TcpListener, TcpStream};
+    use std::net::TcpStream;
 
     #[test]
     fn tcp_info_of_a_loopback_connection() {

@@ -162,6 +162,13 @@ impl Iperf3Server {
             ))
         };
         let listener = TcpListener::bind(&opts.listen).map_err(bad)?;
+        if let Err(e) = sockopt::start_accepted_as_neutral(&listener) {
+            // Tests still get -C, on top of the default's start (BBR's
+            // pacing stays on), as with iperf3's own server.
+            log(format!(
+                "warning: accepted sockets start with the default congestion control: {e}"
+            ));
+        }
         let addr = listener.local_addr().map_err(bad)?;
         let udp = Arc::new(UdpPort::bind(addr).map_err(bad)?);
         Ok(Iperf3Server {
@@ -659,9 +666,16 @@ fn configure_tcp(s: &TcpStream, p: &Params, sends: bool) -> Result<Option<String
     if p.window > 0 {
         warning = sockopt::set_buffers(s, p.window)?;
     }
-    if let Some(cc) = &p.congestion {
-        if let Err(e) = sockopt::set_cc(s, cc) {
-            warning = Some(format!("congestion control {cc} not used: {e}"));
+    // The listener started the socket as NEUTRAL_CC: the client's -C, or
+    // the machine's default when it names none or one this host lacks.
+    let asked = p.congestion.as_deref();
+    if let Err(e) = sockopt::set_cc_or_default(s, asked) {
+        match asked {
+            Some(cc) => {
+                warning = Some(format!("congestion control {cc} not used: {e}"));
+                sockopt::set_cc_or_default(s, None)?;
+            }
+            None => return Err(e),
         }
     }
     if p.mss > 0 {
@@ -1001,6 +1015,30 @@ fn summary(test: &TestStreams, params: &Params, counted: TestSeconds) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_test_s_sockets_run_its_congestion_control_or_the_machine_s() {
+        let (listener, default, other) = sockopt::neutral::listener();
+        // (-C, the socket's algorithm, whether the test is warned)
+        for (asked, runs, warned) in [
+            (None, default.as_str(), false),
+            (Some(other), other, false),
+            (Some("no-such-cc"), default.as_str(), true),
+        ] {
+            let (_client, accepted) = sockopt::neutral::accept(&listener);
+            let params = Params {
+                congestion: asked.map(str::to_string),
+                ..Params::default()
+            };
+            let warning = configure_tcp(&accepted, &params, true).unwrap();
+            assert_eq!(
+                sockopt::get_cc(&accepted).as_deref(),
+                Some(runs),
+                "{asked:?}"
+            );
+            assert_eq!(warning.is_some(), warned, "{asked:?}: {warning:?}");
+        }
+    }
 
     #[test]
     fn the_rate_window_averages_a_whole_window() {
