@@ -27,8 +27,7 @@ pub fn resolve(to: &str) -> Result<SocketAddr> {
 
 /// A TCP connection to `addr`, within [`CONNECT_TIMEOUT`].
 pub fn connect(addr: SocketAddr) -> Result<TcpStream> {
-    TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-        .map_err(|e| Error::io(format!("connecting to {addr}"), e))
+    connect_prepared(addr, |_| Ok(())).map(|(stream, ())| stream)
 }
 
 /// A TCP connection to `addr`, within [`CONNECT_TIMEOUT`], whose socket

@@ -74,6 +74,9 @@ impl Default for ServeOptions {
 struct AttachSlot {
     key: Vec<u8>,
     request: SessionRequest,
+    /// What its data sockets run: the session's `--cc`, or the machine's
+    /// default read once when the session was admitted.
+    cc: String,
     attached: Mutex<Vec<bool>>,
     events: Sender<Event>,
 }
@@ -118,12 +121,8 @@ impl Server {
             None => None,
         };
         let listener = bind(&opts.listen, "--listen")?;
-        if let Err(e) = sockopt::start_accepted_as_neutral(&listener) {
-            // Sessions still get the congestion control they ask for, on top
-            // of the default's start (BBR's pacing stays on).
-            log(format!(
-                "warning: accepted sockets start with the default congestion control: {e}"
-            ));
+        if let Some(warning) = sockopt::start_accepted_as_neutral(&listener) {
+            log(warning);
         }
         let stats = bind(&opts.stats_listen, "--stats-listen")?;
         let registry = Arc::new(Registry::new());
@@ -251,7 +250,8 @@ fn handle_attach(arrival: Arrival, ctx: &Context) -> Result<()> {
         }
     }
     let sends = !session::client_sends(&slot.request, id);
-    if let Some(w) = session::configure_accepted_data_socket(&conn, &slot.request, sends)? {
+    if let Some(w) = session::configure_accepted_data_socket(&conn, &slot.request, sends, &slot.cc)?
+    {
         if !ctx.warned_buffers.swap(true, Ordering::Relaxed) {
             log(w);
         }
@@ -405,6 +405,10 @@ fn serve_session(
     if let Err(e) = session::validate(&req) {
         return fail(conn, e);
     }
+    let cc = match req.cc.clone().map_or_else(sockopt::default_cc, Ok) {
+        Ok(cc) => cc,
+        Err(e) => return fail(conn, e),
+    };
     let session_id = random_bytes::<SESSION_ID_LEN>();
     let session_hex = to_hex(&session_id);
     let claimant = Claimant {
@@ -442,6 +446,7 @@ fn serve_session(
         Arc::new(AttachSlot {
             key,
             request: req.clone(),
+            cc,
             attached: Mutex::new(vec![false; total as usize]),
             events: events_tx.clone(),
         }),

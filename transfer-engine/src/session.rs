@@ -148,18 +148,19 @@ pub fn configure_data_socket(
 }
 
 /// A data socket the server accepted: the session's options as
-/// [`configure_data_socket`] sets them, the machine's default congestion
-/// control when the session names none (the listener started the socket as
-/// [`sockopt::NEUTRAL_CC`], [`sockopt::start_accepted_as_neutral`]), and the
-/// timeouts.
+/// [`configure_data_socket`] sets them, `cc` (the machine's default, read
+/// once per session) when the session names none (the listener started the
+/// socket as [`sockopt::NEUTRAL_CC`], [`sockopt::start_accepted_as_neutral`]),
+/// and the timeouts.
 pub fn configure_accepted_data_socket(
     sock: &TcpStream,
     req: &SessionRequest,
     sends: bool,
+    cc: &str,
 ) -> Result<Option<String>> {
     let warning = configure_data_socket(sock, req, sends)?;
     if req.cc.is_none() {
-        sockopt::set_cc_or_default(sock, None)?;
+        sockopt::set_cc(sock, cc)?;
     }
     set_data_timeouts(sock)?;
     Ok(warning)
@@ -555,7 +556,7 @@ mod tests {
             let (_client, accepted) = sockopt::neutral::accept(&listener);
             let mut r = req(Direction::Receive, 1, Some(1));
             r.cc = asked.map(str::to_string);
-            configure_accepted_data_socket(&accepted, &r, true).unwrap();
+            configure_accepted_data_socket(&accepted, &r, true, &default).unwrap();
             assert_eq!(
                 sockopt::get_cc(&accepted).as_deref(),
                 Some(expected),

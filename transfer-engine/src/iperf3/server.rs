@@ -162,12 +162,8 @@ impl Iperf3Server {
             ))
         };
         let listener = TcpListener::bind(&opts.listen).map_err(bad)?;
-        if let Err(e) = sockopt::start_accepted_as_neutral(&listener) {
-            // Tests still get -C, on top of the default's start (BBR's
-            // pacing stays on), as with iperf3's own server.
-            log(format!(
-                "warning: accepted sockets start with the default congestion control: {e}"
-            ));
+        if let Some(warning) = sockopt::start_accepted_as_neutral(&listener) {
+            log(warning);
         }
         let addr = listener.local_addr().map_err(bad)?;
         let udp = Arc::new(UdpPort::bind(addr).map_err(bad)?);
@@ -629,9 +625,10 @@ fn configure(
     match sockets {
         Sockets::Tcp(socks) => {
             let mut cc_warned = false;
+            let default_cc = sockopt::default_cc()?;
             for (i, s) in socks.iter().enumerate() {
                 let sends = session::role(shape, Side::Server, i as u32) == Role::Send;
-                if let Some(w) = configure_tcp(s, params, sends)? {
+                if let Some(w) = configure_tcp(s, params, sends, &default_cc)? {
                     if !cc_warned {
                         log(format!("iperf3 test: {w}"));
                         cc_warned = true;
@@ -660,8 +657,14 @@ fn configure(
 }
 
 /// One TCP data socket: window, congestion control (a warning, as iperf3
-/// gives, if ours lacks the client's), MSS, no-delay, TOS, pacing.
-fn configure_tcp(s: &TcpStream, p: &Params, sends: bool) -> Result<Option<String>> {
+/// gives, if ours lacks the client's, and then `default_cc`), MSS,
+/// no-delay, TOS, pacing.
+fn configure_tcp(
+    s: &TcpStream,
+    p: &Params,
+    sends: bool,
+    default_cc: &str,
+) -> Result<Option<String>> {
     let mut warning = None;
     if p.window > 0 {
         warning = sockopt::set_buffers(s, p.window)?;
@@ -669,14 +672,10 @@ fn configure_tcp(s: &TcpStream, p: &Params, sends: bool) -> Result<Option<String
     // The listener started the socket as NEUTRAL_CC: the client's -C, or
     // the machine's default when it names none or one this host lacks.
     let asked = p.congestion.as_deref();
-    if let Err(e) = sockopt::set_cc_or_default(s, asked) {
-        match asked {
-            Some(cc) => {
-                warning = Some(format!("congestion control {cc} not used: {e}"));
-                sockopt::set_cc_or_default(s, None)?;
-            }
-            None => return Err(e),
-        }
+    if let Err(e) = sockopt::set_cc(s, asked.unwrap_or(default_cc)) {
+        let Some(cc) = asked else { return Err(e) };
+        warning = Some(format!("congestion control {cc} not used: {e}"));
+        sockopt::set_cc(s, default_cc)?;
     }
     if p.mss > 0 {
         sockopt::set_mss(s, p.mss as u32)?;
@@ -1030,7 +1029,7 @@ mod tests {
                 congestion: asked.map(str::to_string),
                 ..Params::default()
             };
-            let warning = configure_tcp(&accepted, &params, true).unwrap();
+            let warning = configure_tcp(&accepted, &params, true, &default).unwrap();
             assert_eq!(
                 sockopt::get_cc(&accepted).as_deref(),
                 Some(runs),
