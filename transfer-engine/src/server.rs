@@ -405,10 +405,16 @@ fn serve_session(
     if let Err(e) = session::validate(&req) {
         return fail(conn, e);
     }
-    let cc = match req.cc.clone().map_or_else(sockopt::default_cc, Ok) {
+    let default_cc = match sockopt::default_cc() {
         Ok(cc) => cc,
         Err(e) => return fail(conn, e),
     };
+    // The listener started this connection as NEUTRAL_CC too: from here on
+    // it runs what the client's end of it runs, the machine's default.
+    if let Err(e) = sockopt::set_cc(conn.socket(), &default_cc) {
+        log(format!("session from {peer}: control connection: {e}"));
+    }
+    let cc = req.cc.clone().unwrap_or(default_cc);
     let session_id = random_bytes::<SESSION_ID_LEN>();
     let session_hex = to_hex(&session_id);
     let claimant = Claimant {

@@ -26,7 +26,7 @@ use crate::connection;
 use crate::cpu::CpuSnapshot;
 use crate::datapath::ModeReport;
 use crate::error::{Error, Result};
-use crate::limits::{DATA_SOCKET_TIMEOUT, HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
+use crate::limits::{HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
 use crate::messages::{CpuReport, Direction, Mode, Role};
 use crate::planes::memory::MemoryPlane;
 use crate::planes::{Amount, Payload};
@@ -184,9 +184,8 @@ fn connect_streams(
                 eprintln!("longhaul: {w}");
                 warned = true;
             }
-            s.set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
-                .and_then(|_| s.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)))
-                .and_then(|_| s.write_all(&cookie.to_wire()))
+            session::set_data_timeouts(&s)?;
+            s.write_all(&cookie.to_wire())
                 .map_err(|e| Error::io("opening an iperf3 data connection", e))?;
             Ok(s)
         })

@@ -37,8 +37,8 @@ use crate::auth::{random_bytes, to_hex};
 use crate::cpu::CpuSnapshot;
 use crate::error::{Error, Result};
 use crate::limits::{
-    admission_settings, ADMISSION_DEADLINE, ATTACH_TIMEOUT, DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT,
-    SHUTDOWN_TIMEOUT, WATCHDOG_PERIOD,
+    admission_settings, ADMISSION_DEADLINE, ATTACH_TIMEOUT, DATA_IDLE_TIMEOUT, SHUTDOWN_TIMEOUT,
+    WATCHDOG_PERIOD,
 };
 use crate::logline;
 use crate::messages::Role;
@@ -442,6 +442,10 @@ fn test_phases(
             let _ = heard.send(Event::Control(h));
         }),
     )?;
+    // The listener started the control connection as NEUTRAL_CC too: it
+    // runs the machine's default from here on, as the client's end does.
+    let default_cc = sockopt::default_cc()?;
+    sockopt::set_cc(stream, &default_cc)?;
     let shape = params.shape();
     let total = session::total_streams(&shape) as usize;
     let mut w = stream;
@@ -449,7 +453,7 @@ fn test_phases(
         Transport::Udp => Sockets::Udp(open_udp(stream, params, total, ctx, events)?),
         _ => Sockets::Tcp(open_tcp(stream, cookie, total, ctx, tx, events)?),
     };
-    let congestion_used = configure(&sockets, params, &shape)?;
+    let congestion_used = configure(&sockets, params, &shape, &default_cc)?;
     let plan = Plan {
         shape: shape.clone(),
         side: Side::Server,
@@ -621,14 +625,14 @@ fn configure(
     sockets: &Sockets,
     params: &Params,
     shape: &crate::messages::SessionRequest,
+    default_cc: &str,
 ) -> std::result::Result<Option<String>, Failure> {
     match sockets {
         Sockets::Tcp(socks) => {
             let mut cc_warned = false;
-            let default_cc = sockopt::default_cc()?;
             for (i, s) in socks.iter().enumerate() {
                 let sends = session::role(shape, Side::Server, i as u32) == Role::Send;
-                if let Some(w) = configure_tcp(s, params, sends, &default_cc)? {
+                if let Some(w) = configure_tcp(s, params, sends, default_cc)? {
                     if !cc_warned {
                         log(format!("iperf3 test: {w}"));
                         cc_warned = true;
@@ -696,9 +700,7 @@ fn configure_tcp(
     if sends && pace > 0 {
         sockopt::set_max_pacing_rate(s, (pace / 8).max(1))?;
     }
-    s.set_read_timeout(Some(DATA_SOCKET_TIMEOUT))
-        .and_then(|_| s.set_write_timeout(Some(DATA_SOCKET_TIMEOUT)))
-        .map_err(|e| Error::io("setting data socket timeouts", e))?;
+    session::set_data_timeouts(s)?;
     Ok(warning)
 }
 

@@ -126,19 +126,21 @@ fn no_subcommand_is_a_usage_error_with_the_list() {
     assert!(out.stderr.contains("send"), "{}", out.stderr);
 }
 
+/// The words of a /proc file (empty when it cannot be read).
+fn proc_words(path: &str) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn congestion_control_the_server_may_not_use_is_refused_by_name() {
     // An unprivileged server may only use net.ipv4.tcp_allowed_congestion_control;
     // the client must hear which algorithm and which sysctl, not a broken stream.
-    let list = |path: &str| -> Vec<String> {
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
-    let allowed = list("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
-    let Some(alg) = list("/proc/sys/net/ipv4/tcp_available_congestion_control")
+    let allowed = proc_words("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+    let Some(alg) = proc_words("/proc/sys/net/ipv4/tcp_available_congestion_control")
         .into_iter()
         .find(|a| !allowed.contains(a))
     else {
@@ -182,4 +184,85 @@ fn congestion_control_the_server_may_not_use_is_refused_by_name() {
         "{}",
         out.stderr
     );
+}
+
+/// The congestion control of every established socket whose local port is
+/// `port`, as `ss -ti` shows the kernel's view of them.
+fn server_side_ccs(port: u16, available: &[String]) -> Vec<String> {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-Htin",
+            "state",
+            "established",
+            "sport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .expect("run ss (iproute2)");
+    assert!(out.status.success(), "{out:?}");
+    let mut ccs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| available.iter().any(|a| a == w))
+        .map(str::to_string)
+        .collect();
+    ccs.sort();
+    ccs
+}
+
+#[test]
+fn the_server_s_control_connections_run_the_default_and_its_data_sockets_the_session_s() {
+    // Both servers' listeners start accepted sockets as reno; the data
+    // sockets get the session's --cc (-C for iperf3), and the control
+    // connection the machine's default, as the client's end of it has.
+    let default = proc_words("/proc/sys/net/ipv4/tcp_congestion_control").join(" ");
+    let available = proc_words("/proc/sys/net/ipv4/tcp_available_congestion_control");
+    // Neither the default nor the listeners' reno, so that neither could
+    // pass for the other; a root server may use any available one.
+    let Some(other) = available
+        .iter()
+        .find(|a| **a != default && *a != "reno")
+        .cloned()
+    else {
+        longhaul_testkit::cannot_run(
+            "needs a third congestion control beside the default and reno (modprobe tcp_bbr or tcp_cubic)",
+        );
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        longhaul_testkit::cannot_run("needs root to use a congestion control that is not allowed");
+        return;
+    }
+    let iperf3_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let iperf3_addr = format!("127.0.0.1:{iperf3_port}");
+    let server = Server::start(&["--iperf3-listen", &iperf3_addr]);
+    for (protocol, to, port) in [
+        ("longhaul", server.addr(), server.port),
+        ("iperf3", iperf3_addr.clone(), iperf3_port),
+    ] {
+        let sender = spawn(&[
+            "send",
+            "--protocol",
+            protocol,
+            "--to",
+            &to,
+            "--streams",
+            "2",
+            "--time",
+            "30",
+            "--interval",
+            "0.2",
+            "--cc",
+            &other,
+        ]);
+        sender.wait_until_flowing();
+        let mut want = vec![default.clone(), other.clone(), other.clone()];
+        want.sort();
+        assert_eq!(server_side_ccs(port, &available), want, "{protocol}");
+    }
 }
