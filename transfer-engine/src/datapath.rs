@@ -380,7 +380,6 @@ pub struct PlaneProgress {
 mod tests {
     use super::*;
     use std::io::{ErrorKind, Read, Write};
-    use std::net::TcpListener;
     use std::os::fd::AsRawFd;
     use std::time::Duration;
 
@@ -424,9 +423,7 @@ mod tests {
     fn a_fast_stream_is_batched_and_a_slowed_one_is_still_seen_promptly() {
         const TRICKLE: usize = 1000;
         const TRICKLES: usize = 50;
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut rx, _) = listener.accept().unwrap();
+        let (mut tx, mut rx) = longhaul_testkit::loopback_pair();
         sockopt::set_buffers(&tx, 2 << 20).unwrap();
         sockopt::set_buffers(&rx, 2 << 20).unwrap();
         rx.set_nonblocking(true).unwrap();

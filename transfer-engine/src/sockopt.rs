@@ -314,13 +314,10 @@ pub(crate) mod neutral {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpStream;
 
     #[test]
     fn tcp_info_of_a_loopback_connection() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let _s = l.accept().unwrap();
+        let (c, _s) = longhaul_testkit::loopback_pair();
         let info = tcp_info(&c).expect("TCP_INFO");
         assert!(info.cwnd_bytes > 0);
         assert!(set_buffers(&c, 64 << 10).unwrap().is_none());
@@ -330,9 +327,7 @@ mod tests {
     #[test]
     fn tcp_info_counts_what_a_sender_sent() {
         use std::io::{Read, Write};
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
+        let (mut c, mut s) = longhaul_testkit::loopback_pair();
         let sent = vec![7u8; 200_000];
         c.write_all(&sent).unwrap();
         let mut got = vec![0u8; sent.len()];

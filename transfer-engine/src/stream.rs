@@ -314,13 +314,10 @@ pub fn start(streams: Vec<(Arc<StreamStats>, Work, Finished)>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
 
     #[test]
     fn only_bbr_sockets_send_one_chunk_per_turn() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let _peer = listener.accept().unwrap();
+        let (sock, _peer) = longhaul_testkit::loopback_pair();
         sockopt::set_cc(&sock, "bbr").expect("this machine has bbr (DESIGN.md)");
         assert_eq!(send_turn(&sock), BBR_SEND_TURN);
         sockopt::set_cc(&sock, "cubic").unwrap();

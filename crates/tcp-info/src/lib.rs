@@ -113,7 +113,6 @@ impl TcpInfo {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
 
     #[test]
@@ -137,9 +136,7 @@ mod tests {
 
     #[test]
     fn a_loopback_connection_counts_what_it_sent() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
+        let (mut c, mut s) = longhaul_testkit::loopback_pair();
         c.write_all(&[7u8; 100_000]).unwrap();
         let mut got = vec![0u8; 100_000];
         s.read_exact(&mut got).unwrap();

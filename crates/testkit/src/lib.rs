@@ -7,6 +7,8 @@
 //! one, and `cargo test` never reports success for work it did not do. On
 //! a developer's machine without root, `LONGHAUL_ALLOW_SKIP=1 cargo test`
 //! turns these failures into a `skipped: <why>` line on stderr.
+//!
+//! Also the setup that many crates' socket tests share: [`loopback_pair`].
 
 /// The environment variable that allows skipping.
 pub const ALLOW_SKIP: &str = "LONGHAUL_ALLOW_SKIP";
@@ -28,11 +30,32 @@ pub fn cannot_run(why: &str) {
     panic!("this test cannot run here: {why} (set {ALLOW_SKIP}=1 to skip such tests on a machine without it)");
 }
 
+/// A connected TCP pair over loopback: the connecting end, then the
+/// accepted one (its listener is gone; sockets tests configure themselves).
+pub fn loopback_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("listener address");
+    let connecting = std::net::TcpStream::connect(addr).expect("connect over loopback");
+    let (accepted, _) = listener.accept().expect("accept over loopback");
+    (connecting, accepted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// One test touches the variable, so no other test sees it change.
+    #[test]
+    fn a_loopback_pair_is_connected_end_to_end() {
+        use std::io::{Read, Write};
+        let (mut a, mut b) = loopback_pair();
+        assert_eq!(a.local_addr().unwrap(), b.peer_addr().unwrap());
+        a.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+    }
+
     #[test]
     fn a_test_that_cannot_run_fails_unless_skipping_is_allowed() {
         std::env::remove_var(ALLOW_SKIP);

@@ -259,10 +259,8 @@ mod tests {
 
     #[test]
     fn sees_a_loopback_connection_with_tcp_info() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (mut server, _) = listener.accept().unwrap();
+        let (mut client, mut server) = longhaul_testkit::loopback_pair();
+        let port = server.local_addr().unwrap().port();
         client.write_all(&[7u8; 100_000]).unwrap();
         let mut got = vec![0u8; 100_000];
         server.read_exact(&mut got).unwrap();

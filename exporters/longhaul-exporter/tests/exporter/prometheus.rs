@@ -135,10 +135,8 @@ fn a_real_prometheus_scrapes_the_exporter() {
 fn promtool_accepts_a_live_scrape_of_this_host() {
     // Real /proc, /sys and sockets; a listener on a watched port so the tcp
     // collector has a flow to report.
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let (_server, _) = l.accept().unwrap();
+    let (_client, server) = longhaul_testkit::loopback_pair();
+    let port = server.local_addr().unwrap().port();
     let exp = Exporter::start(&[format!("--collector.tcp.ports={port}")]);
     let scrape = exp.scrape();
     assert!(
