@@ -5,7 +5,8 @@
   range, flow slot), the same for a second run, and the counters only grow;
 * a longhaul transfer (`longhaul serve` + `longhaul send`, CLI of DESIGN.md):
   the engine collector's per-stream counters longhaul_stream_bytes_total grow
-  between two scrapes, and the tcp collector, although it watches the engine's
+  between two scrapes, the engine port's admission counters count the
+  session, and the tcp collector, although it watches the engine's
   port, reports none of longhaul's sockets (the engine collector does).
 
 Binaries come from $LONGHAUL_DIST (default <repo>/dist; `make build` fills
@@ -275,6 +276,17 @@ def test_longhaul_stream_counters_grow(procs):
     assert sessions, "no longhaul_session_info"
     protocols = {dict(k).get("protocol") for k in sessions}
     assert protocols == {"longhaul"}, f"a longhaul send is not protocol=longhaul: {sessions}"
+    # The engine's port: the session's control connection admitted, its 4
+    # streams and wait_port's probes accepted, nothing dropped.
+    admission = {
+        name: series(second, name, listener="longhaul")
+        for name in ("longhaul_admission_accepted_total", "longhaul_admission_admitted_total")
+    }
+    assert list(admission["longhaul_admission_admitted_total"].values()) == [1.0], admission
+    assert list(admission["longhaul_admission_accepted_total"].values())[0] >= 5.0, admission
+    dropped = series(second, "longhaul_admission_dropped_total", listener="longhaul")
+    assert sorted(dict(k)["reason"] for k in dropped) == ["evicted", "expired", "garbage"], dropped
+    assert set(dropped.values()) == {0.0}, dropped
     # The engine collector reports longhaul's sockets; the tcp collector,
     # watching the engine's port, leaves both loopback ends of every stream
     # (and the control connection) to it: no series twice.

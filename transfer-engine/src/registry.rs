@@ -231,6 +231,8 @@ pub struct Registry {
     sessions: Mutex<Vec<Arc<SessionEntry>>>,
     total: AtomicU64,
     failed: AtomicU64,
+    /// The listening ports' admission counters, by listener name.
+    admission: Mutex<Vec<(&'static str, Arc<longhaul_admission::Counters>)>>,
 }
 
 impl Default for Registry {
@@ -246,7 +248,21 @@ impl Registry {
             sessions: Mutex::new(Vec::new()),
             total: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            admission: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Publishes a listening port's admission counters on the stats API
+    /// as `listener`.
+    pub fn watch_admission(
+        &self,
+        listener: &'static str,
+        counters: Arc<longhaul_admission::Counters>,
+    ) {
+        self.admission
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((listener, counters));
     }
 
     /// Registers a session in the handshake state; `peer` and `local` are
@@ -334,6 +350,20 @@ impl Registry {
                 started_unix: self.started_unix,
                 sessions_total: self.total.load(Ordering::Relaxed),
                 sessions_failed_total: self.failed.load(Ordering::Relaxed),
+                admission: self
+                    .admission
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .map(|(listener, c)| api::Admission {
+                        listener: listener.to_string(),
+                        accepted: c.accepted.load(Ordering::Relaxed),
+                        admitted: c.admitted.load(Ordering::Relaxed),
+                        evicted: c.evicted.load(Ordering::Relaxed),
+                        expired: c.expired.load(Ordering::Relaxed),
+                        garbage: c.garbage.load(Ordering::Relaxed),
+                    })
+                    .collect(),
             },
             sessions: sessions.iter().map(|e| e.to_api()).collect(),
         }

@@ -43,6 +43,10 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:7400";
 /// Default `--max-sessions`.
 pub const DEFAULT_MAX_SESSIONS: usize = 16;
 
+/// The control and data port's name among the stats API's admission
+/// counters.
+pub const LISTENER_NAME: &str = "longhaul";
+
 /// How often the server refreshes TCP_INFO for the stats API.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -171,7 +175,11 @@ impl Server {
         let protocol = Arc::new(EngineProtocol {
             ctx: self.ctx.clone(),
         });
-        Lobby::new(self.listener, protocol, settings)
+        let lobby = Lobby::new(self.listener, protocol, settings);
+        self.ctx
+            .registry
+            .watch_admission(LISTENER_NAME, lobby.counters());
+        lobby
             .run()
             .map_err(|e| Error::io("accepting connections", e))
     }

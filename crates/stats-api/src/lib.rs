@@ -40,6 +40,32 @@ pub struct EngineInfo {
     pub started_unix: f64,
     pub sessions_total: u64,
     pub sessions_failed_total: u64,
+    /// What each listening port did with the connections it accepted,
+    /// before any of them became a session (added in 0.1: an older engine
+    /// lists none).
+    #[serde(default)]
+    pub admission: Vec<Admission>,
+}
+
+/// One listening port's admission counters, cumulative since the engine
+/// started. Every connection is accepted; a control connection that proves
+/// itself (a session, an iperf3 test, `longhaul advise`) is admitted; the
+/// three kinds of drop are counted here. The rest are data connections,
+/// connections still pending, connections closed before their first
+/// message, and those the protocol refused after it (a wrong token or
+/// attach proof: the server's log names each).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    /// "longhaul" (the control and data port) or "iperf3".
+    pub listener: String,
+    pub accepted: u64,
+    pub admitted: u64,
+    /// Pushed out of a full pre-authentication pool by newer connections.
+    pub evicted: u64,
+    /// Not admitted within the admission deadline.
+    pub expired: u64,
+    /// Not the protocol (or too long a first message).
+    pub garbage: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,6 +218,10 @@ mod tests {
             "rttvar_us":5,"cwnd_bytes":14480,"retransmits":0,"pacing_rate_bps":1,
             "delivery_rate_bps":2}}]}]}"#;
         let snap: Snapshot = serde_json::from_str(text).unwrap();
+        assert!(
+            snap.engine.admission.is_empty(),
+            "an older engine lists no admission counters"
+        );
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());
         assert_eq!(snap.sessions[0].protocol, Protocol::Longhaul);

@@ -61,6 +61,9 @@ pub const DEFAULT_PORT: u16 = 5201;
 /// Default `--iperf3-max-tests`: tests running at once.
 pub const DEFAULT_MAX_TESTS: usize = 16;
 
+/// The iperf3 port's name among the stats API's admission counters.
+pub const LISTENER_NAME: &str = "iperf3";
+
 /// Default `--iperf3-max-duration`: an hour is far beyond any scheduled
 /// test (perfSONAR runs 10 to 60 s) and still stops a forgotten `-t 0`.
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(3600);
@@ -194,11 +197,13 @@ impl Iperf3Server {
             .name("iperf3-udp".into())
             .spawn(move || udp.run(&|line| log(line)))
             .map_err(|e| Error::io("starting the iperf3 UDP port", e))?;
+        let registry = self.ctx.registry.clone();
         let lobby = Lobby::new(
             self.listener,
             Arc::new(Iperf3Protocol { ctx: self.ctx }),
             admission_settings(),
         );
+        registry.watch_admission(LISTENER_NAME, lobby.counters());
         std::thread::Builder::new()
             .name("iperf3-admission".into())
             .spawn(move || {

@@ -191,6 +191,30 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         "longhaul_device_io_bytes_total",
         "Disk-mode bytes read from or written to a block device by the session.",
     );
+    let mut accepted = Family::counter(
+        "longhaul_admission_accepted_total",
+        "Connections a listening port of the engine accepted (listener: longhaul, the control and data port, or iperf3).",
+    );
+    let mut admitted = Family::counter(
+        "longhaul_admission_admitted_total",
+        "Control connections that proved themselves at a listening port of the engine and became a session, an iperf3 test or a probe.",
+    );
+    let mut dropped = Family::counter(
+        "longhaul_admission_dropped_total",
+        "Connections a listening port of the engine dropped before admission, by reason: evicted (pushed out of a full pre-authentication pool by newer ones), expired (past the admission deadline), garbage (not the protocol).",
+    );
+    for a in &snap.engine.admission {
+        let listener = [("listener", a.listener.as_str())];
+        accepted.push_u64(&listener, a.accepted);
+        admitted.push_u64(&listener, a.admitted);
+        for (reason, n) in [
+            ("evicted", a.evicted),
+            ("expired", a.expired),
+            ("garbage", a.garbage),
+        ] {
+            dropped.push_u64(&[("listener", a.listener.as_str()), ("reason", reason)], n);
+        }
+    }
     for s in &snap.sessions {
         let id = s.id.as_str();
         let mut labels = vec![("session", id), ("peer", s.peer.as_str())];
@@ -245,6 +269,9 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         acked,
         pacing,
         device_io,
+        accepted,
+        admitted,
+        dropped,
     ]
 }
 
@@ -356,6 +383,67 @@ mod tests {
         assert!((rtt.samples[3].value - 0.0045).abs() < 1e-12);
         let total: f64 = bytes.samples.iter().map(|s| s.value).sum();
         assert_eq!(total, 50.0, "the cap never loses bytes");
+    }
+
+    #[test]
+    fn each_listener_s_admission_counters_are_series_of_their_own() {
+        let mut snap = snapshot(1);
+        snap.engine.admission = vec![
+            longhaul_stats_api::Admission {
+                listener: "longhaul".into(),
+                accepted: 40,
+                admitted: 3,
+                evicted: 20,
+                expired: 5,
+                garbage: 2,
+            },
+            longhaul_stats_api::Admission {
+                listener: "iperf3".into(),
+                accepted: 1,
+                ..Default::default()
+            },
+        ];
+        let fams = families(&snap, 8);
+        let series = |name: &str| -> Vec<(Vec<(&str, String)>, f64)> {
+            fams.iter()
+                .find(|f| f.name == name)
+                .unwrap()
+                .samples
+                .iter()
+                .map(|s| (s.labels.clone(), s.value))
+                .collect()
+        };
+        let l = |pairs: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+        };
+        assert_eq!(
+            series("longhaul_admission_accepted_total"),
+            vec![
+                (l(&[("listener", "longhaul")]), 40.0),
+                (l(&[("listener", "iperf3")]), 1.0)
+            ]
+        );
+        assert_eq!(
+            series("longhaul_admission_admitted_total")[0],
+            (l(&[("listener", "longhaul")]), 3.0)
+        );
+        let dropped = series("longhaul_admission_dropped_total");
+        assert_eq!(dropped.len(), 6, "three reasons per listener: {dropped:?}");
+        assert_eq!(
+            dropped[..3],
+            [
+                (l(&[("listener", "longhaul"), ("reason", "evicted")]), 20.0),
+                (l(&[("listener", "longhaul"), ("reason", "expired")]), 5.0),
+                (l(&[("listener", "longhaul"), ("reason", "garbage")]), 2.0),
+            ]
+        );
+        // An older engine lists no admission: the families stay empty.
+        let fams = families(&snapshot(1), 8);
+        let empty = fams
+            .iter()
+            .find(|f| f.name == "longhaul_admission_dropped_total")
+            .unwrap();
+        assert!(empty.samples.is_empty());
     }
 
     /// The client's end of each stream (reported to the server) is listed

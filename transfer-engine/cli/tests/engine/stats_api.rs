@@ -191,3 +191,70 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
         }
     }
 }
+
+/// The admission counters of both listening ports, once a garbage
+/// connection and one session (or iperf3 test) went through each.
+#[test]
+fn stats_api_counts_what_each_port_did_with_its_connections() {
+    let iperf3_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let iperf3_addr = format!("127.0.0.1:{iperf3_port}");
+    let server = Server::start(&["--iperf3-listen", &iperf3_addr]);
+    let admission = |listener: &str| {
+        snapshot(server.stats_port)
+            .engine
+            .admission
+            .into_iter()
+            .find(|a| a.listener == listener)
+    };
+    // The control port is watched from the moment it accepts.
+    let t = Instant::now();
+    while admission("longhaul").is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no admission counters"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    {
+        use std::io::Write;
+        let mut stranger = std::net::TcpStream::connect(server.addr()).unwrap();
+        stranger.write_all(&[0xff; 64]).unwrap();
+    }
+    ok(&["send", "--to", &server.addr(), "--bytes", "1M"]);
+    ok(&[
+        "send",
+        "--protocol",
+        "iperf3",
+        "--to",
+        &iperf3_addr,
+        "--bytes",
+        "1M",
+    ]);
+    let want = |listener: &str, accepted, admitted, garbage| longhaul_stats_api::Admission {
+        listener: listener.into(),
+        accepted,
+        admitted,
+        evicted: 0,
+        expired: 0,
+        garbage,
+    };
+    // longhaul: the stranger (garbage), the session's control connection
+    // (admitted) and its one stream; iperf3: the test's control
+    // connection (admitted) and its stream.
+    let t = Instant::now();
+    loop {
+        let (ours, iperf3) = (admission("longhaul"), admission("iperf3"));
+        if ours == Some(want("longhaul", 3, 1, 1)) && iperf3 == Some(want("iperf3", 2, 1, 0)) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "admission counters: {ours:?} {iperf3:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
