@@ -3,7 +3,8 @@ release binaries on loopback (issue 13's numbers; README "Reliability").
 
 * control port: 300 silent and 32 trickling strangers (plus 40 that send a
   Hello and stall) held longer than every deadline; an authenticated
-  `longhaul send --streams 2 --time 2` succeeds before and after;
+  `longhaul send --streams 2 --time 2` succeeds before and after, and the
+  stats API's admission counters tell the two sends from the crowd;
 * exporter: 100 trickling clients; a scrape still answers within 5 s;
   an oversized request head gets 431;
 * stats API: 200 trickling clients; it answers, and its thread count stays
@@ -71,8 +72,15 @@ def hello_frame():
     return b"LHCF" + bytes([0x01]) + struct.pack(">I", len(body)) + body
 
 
+def admission(stats, listener="longhaul"):
+    """A listening port's admission counters from the engine's stats API."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{stats}/v1/sessions", timeout=10) as answer:
+        engine = json.loads(answer.read())["engine"]
+    return next(a for a in engine["admission"] if a["listener"] == listener)
+
+
 def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
-    proc, port, _ = helpers.start_engine(processes, "--token-file", token)
+    proc, port, stats = helpers.start_engine(processes, "--token-file", token)
     # Strangers that get as far as a Hello and stall there, on threads.
     stalled = []
     for _ in range(40):
@@ -98,6 +106,14 @@ def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
             time.sleep(0.2)
         assert crowd.reopened >= 300, f"the server never cut the crowd ({crowd.reopened})"
         processes.check_running(proc)
+        # The stats API tells the flood from the clients: the two sends
+        # admitted, the silent crowd expired, nobody pushed out (the pools
+        # have room for it) and nothing that was not the protocol.
+        counts = admission(stats)
+        assert counts["admitted"] == 2, counts
+        assert counts["expired"] >= 300, counts
+        assert (counts["evicted"], counts["garbage"]) == (0, 0), counts
+        assert counts["accepted"] >= 300 + 32 + 40 + 2 * 3, counts
     for s in stalled:
         s.close()
     log = processes.log("serve")
