@@ -104,7 +104,7 @@ pub struct Settings {
     pub deadline: Duration,
 }
 
-/// Counters of one port's admission, for logs and tests.
+/// Counters of one port's admission, for logs, tests and the engine's stats API.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub accepted: AtomicU64,
@@ -549,5 +549,103 @@ impl<P: Protocol> Lobby<P> {
             // The handshake thread sees its socket fail and reports it.
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// First byte `H`: a handshake that admits itself; `Q`: quick; `N`: a
+    /// handshake that never proves itself; anything else is garbage.
+    struct Toy;
+
+    impl Protocol for Toy {
+        fn max_first_message(&self) -> usize {
+            16
+        }
+        fn first_message(&self, received: &[u8]) -> FirstMessage {
+            match received.first() {
+                None => FirstMessage::NeedMore,
+                Some(b'H' | b'N') => FirstMessage::Handshake,
+                Some(b'Q') => FirstMessage::Quick,
+                Some(b) => FirstMessage::Garbage(format!("first byte {b:#x}")),
+            }
+        }
+        fn quick(&self, _arrival: Arrival) {}
+        fn handshake(&self, arrival: Arrival, ticket: Ticket) {
+            if arrival.received.first() == Some(&b'H') {
+                ticket.admit().expect("admitted within the deadline");
+            } else {
+                // Holds its ticket until the sweep cuts it.
+                let mut buf = [0u8; 1];
+                let _ = (&arrival.stream).read(&mut buf);
+            }
+        }
+        fn log(&self, _line: &str) {}
+    }
+
+    fn count(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// (accepted, admitted, evicted, expired, garbage)
+    fn all(c: &Counters) -> [u64; 5] {
+        [
+            count(&c.accepted),
+            count(&c.admitted),
+            count(&c.evicted),
+            count(&c.expired),
+            count(&c.garbage),
+        ]
+    }
+
+    fn wait_for(c: &Counters, want: [u64; 5]) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while all(c) != want {
+            assert!(Instant::now() < end, "counters {:?}, want {want:?}", all(c));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn counters_tell_each_fate_of_a_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let settings = Settings {
+            waiting: Limits {
+                capacity: 8,
+                per_source: 2,
+            },
+            handshaking: Limits {
+                capacity: 8,
+                per_source: 8,
+            },
+            deadline: Duration::from_secs(1),
+        };
+        let lobby = Lobby::new(listener, Arc::new(Toy), settings);
+        let counters = lobby.counters();
+        std::thread::spawn(move || lobby.run());
+        let connect = |first: &[u8]| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(first).unwrap();
+            s
+        };
+
+        let _admitted = connect(b"H");
+        wait_for(&counters, [1, 1, 0, 0, 0]);
+        let _quick = connect(b"Q");
+        wait_for(&counters, [2, 1, 0, 0, 0]);
+        let _garbage = connect(b"x");
+        wait_for(&counters, [3, 1, 0, 0, 1]);
+        // Three silent ones from one source with room for two: the oldest
+        // is pushed out; the deadline then cuts the other two.
+        let silent: Vec<TcpStream> = (0..3).map(|_| connect(b"")).collect();
+        wait_for(&counters, [6, 1, 1, 2, 1]);
+        // A handshake that never proves itself is cut by the same deadline.
+        let _stalled = connect(b"N");
+        wait_for(&counters, [7, 1, 1, 3, 1]);
+        drop(silent);
     }
 }
