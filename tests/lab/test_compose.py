@@ -205,6 +205,8 @@ def test_longhaul_and_node_series(stack):
     for expr in (
         'node_cpu_seconds_total{instance="xfer-b", mode="softirq"}',
         'longhaul_controller_info{instance="xfer-a"}',
+        # The engine's admission counters, through its stats API and the exporter.
+        'longhaul_admission_accepted_total{instance="xfer-b", listener="longhaul"}',
     ):
         assert query(prometheus, expr), expr
 
