@@ -41,8 +41,8 @@ pub struct EngineInfo {
     pub sessions_total: u64,
     pub sessions_failed_total: u64,
     /// What each listening port did with the connections it accepted,
-    /// before any of them became a session (added in 0.1: an older engine
-    /// lists none).
+    /// before any of them became a session (an engine from before this
+    /// field lists none).
     #[serde(default)]
     pub admission: Vec<Admission>,
 }
