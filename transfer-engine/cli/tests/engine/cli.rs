@@ -234,11 +234,7 @@ fn the_server_s_control_connections_run_the_default_and_its_data_sockets_the_ses
         longhaul_testkit::cannot_run("needs root to use a congestion control that is not allowed");
         return;
     }
-    let iperf3_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let iperf3_port = free_port();
     let iperf3_addr = format!("127.0.0.1:{iperf3_port}");
     let server = Server::start(&["--iperf3-listen", &iperf3_addr]);
     for (protocol, to, port) in [

@@ -196,11 +196,7 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
 /// connection and one session (or iperf3 test) went through each.
 #[test]
 fn stats_api_counts_what_each_port_did_with_its_connections() {
-    let iperf3_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let iperf3_port = free_port();
     let iperf3_addr = format!("127.0.0.1:{iperf3_port}");
     let server = Server::start(&["--iperf3-listen", &iperf3_addr]);
     let admission = |listener: &str| {

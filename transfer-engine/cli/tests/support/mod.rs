@@ -277,6 +277,14 @@ pub fn last_json(stdout: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
 }
 
+/// A loopback port nothing listens on right now (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
 /// GET a path from the stats API; returns (status code, body).
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("stats API answers");
