@@ -12,6 +12,7 @@ other annotations, so the expected alerts are reduced to its labels.
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -156,6 +157,7 @@ def render_with_role_defaults(template, tmp_path, **overrides):
                     "gather_facts": False,
                     "tasks": [
                         {"ansible.builtin.include_vars": {"file": str(ROLE / "defaults" / "main.yml")}},
+                        {"ansible.builtin.include_vars": {"file": str(ROLE / "vars" / "main.yml")}},
                         {
                             "ansible.builtin.template": {
                                 "src": str(ROLE / "templates" / template),
@@ -247,3 +249,125 @@ def test_the_baseline_window_is_the_role_variable(tmp_path):
     assert not passes, "a 30m baseline window still fires 40 minutes into the drop:\n" + output
     passes, output = promtool_passes(tmp_path, current_rules(), case)
     assert passes, output
+
+
+def role_preflight(tmp_path, **overrides):
+    """The prometheus role's preflight on this machine, with `overrides` of its
+    variables, then its thresholds template: (passed, output, rendered
+    thresholds or None)."""
+    out = tmp_path / "thresholds.yml"
+    out.unlink(missing_ok=True)
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "connection": "local",
+                    "gather_facts": True,
+                    "gather_subset": ["min"],
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "prometheus",
+                                "tasks_from": "preflight.yml",
+                                "public": True,
+                            }
+                        },
+                        {
+                            "ansible.builtin.template": {
+                                "src": str(ROLE / "templates" / "thresholds.yml.j2"),
+                                "dest": str(out),
+                                "mode": "0644",
+                            }
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    done = subprocess.run(
+        [shutil.which("ansible-playbook") or "ansible-playbook", "--extra-vars", json.dumps(overrides), str(playbook)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(ROLE.parent),
+            "ANSIBLE_LOCALHOST_WARNING": "false",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+        },
+    )
+    thresholds = None
+    if out.exists():
+        thresholds = {
+            r["record"].removeprefix("longhaul:threshold:"): r["expr"]
+            for g in yaml.safe_load(out.read_text())["groups"]
+            for r in g["rules"]
+        }
+    return done.returncode == 0, done.stdout + done.stderr, thresholds
+
+
+def test_a_site_that_sets_one_threshold_keeps_the_others(tmp_path):
+    """Before, the variable replaced the role's whole dict: a site that set
+    one threshold lost the other two series, and the alerts that join them
+    never fired."""
+    passed, output, thresholds = role_preflight(tmp_path, prometheus_longhaul_thresholds={"retransmit_ratio": 0.02})
+    assert passed, output[-3000:]
+    assert thresholds == {
+        "throughput_drop_ratio": "vector(0.7)",
+        "retransmit_ratio": "vector(0.02)",
+        "controller_utilisation": "vector(0.9)",
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (
+            {"prometheus_longhaul_thresholds": {"retransmit_raito": 0.02}},
+            r"prometheus_longhaul_thresholds names retransmit_raito, which no rule in \S+ uses; "
+            r"the thresholds the rules use are controller_utilisation, retransmit_ratio, throughput_drop_ratio\.",
+        ),
+        (
+            {"prometheus_longhaul_alert_for": {"LonghaulThroughputDorp": "5m", "LonghaulStreamStalled": "1m"}},
+            r"prometheus_longhaul_alert_for names LonghaulThroughputDorp, which no rule file in \S+ defines; "
+            r"its alerts are LonghaulAdmissionDrops, .*LonghaulThroughputDrop, RouterCountersStale\.",
+        ),
+    ],
+    ids=["misspelt threshold", "misspelt alert"],
+)
+def test_the_role_refuses_a_name_no_rule_uses(tmp_path, overrides, says):
+    """A misspelt name used to be accepted: the alert it was meant for kept
+    its old value and nothing said so."""
+    passed, output, thresholds = role_preflight(tmp_path, **overrides)
+    assert not passed and thresholds is None, output[-3000:]
+    assert re.search(says, output), output[-3000:]
+
+
+def test_a_threshold_a_sites_rule_uses_needs_a_value(tmp_path):
+    """A site's own rule directory whose alert compares with a threshold the
+    role has no value for is refused until the site gives it one."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for name in ("longhaul-thresholds.yml", "longhaul-recording.yml", "longhaul-alerts.yml"):
+        shutil.copy(RULES / name, rules / name)
+    (rules / "site.yml").write_text(
+        "groups:\n  - name: site\n    rules:\n      - alert: SiteTooManySessions\n"
+        "        expr: count(longhaul_session_bytes_total) > on () group_left () longhaul:threshold:max_sessions\n"
+    )
+    passed, output, _ = role_preflight(tmp_path, prometheus_rules_src=str(rules))
+    assert not passed, output[-3000:]
+    assert re.search(
+        r"The rules in \S+ compare with longhaul:threshold:max_sessions, which has no value: "
+        r"set it in prometheus_longhaul_thresholds\.",
+        output,
+    ), output[-3000:]
+    passed, output, thresholds = role_preflight(
+        tmp_path,
+        prometheus_rules_src=str(rules),
+        prometheus_longhaul_thresholds={"max_sessions": 40},
+        prometheus_longhaul_alert_for={"SiteTooManySessions": "10m"},
+    )
+    assert passed, output[-3000:]
+    assert thresholds["max_sessions"] == "vector(40)" and thresholds["retransmit_ratio"] == "vector(0.01)"
