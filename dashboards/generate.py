@@ -924,6 +924,54 @@ def transfer_overview():
             "selected hosts (node_exporter's netdev; loopback, veth and bridges left out): "
             "everything the host moves, longhaul or not.",
         ),
+        timeseries(
+            "Sessions begun and failed",
+            "Sessions each engine began and ended as failed, per minute (longhaul_sessions_total, "
+            "longhaul_sessions_failed_total: longhaul sessions and iperf3 tests; the server's log "
+            "says why a session failed). A restart of the engine starts its counters again at 0, "
+            "which the rate takes in its stride.",
+            "opm",
+            [
+                prom_target(
+                    "60 * sum by (instance) (%s)" % rate("longhaul_sessions_total"),
+                    "{{instance}} begun",
+                    "A",
+                ),
+                prom_target(
+                    "60 * sum by (instance) (%s)" % rate("longhaul_sessions_failed_total"),
+                    "{{instance}} failed",
+                    "B",
+                ),
+            ],
+        ),
+        timeseries(
+            "Connections at the engines' ports",
+            "Per second at each listening port of each engine (listener: longhaul, the control and "
+            "data port, or iperf3): connections accepted, control connections admitted (they proved "
+            "themselves and became a session, a test or a probe), and connections dropped before "
+            "admission by reason (evicted from a full pre-authentication pool, expired past the "
+            "admission deadline, garbage that is not the protocol). LonghaulAdmissionDrops fires "
+            "when a port drops more than 1 a second over 5 minutes (docs/threat-model.md).",
+            "cps",
+            [
+                prom_target(
+                    "sum by (instance, listener) (%s)" % rate("longhaul_admission_accepted_total"),
+                    "{{instance}} {{listener}} accepted",
+                    "A",
+                ),
+                prom_target(
+                    "sum by (instance, listener) (%s)" % rate("longhaul_admission_admitted_total"),
+                    "{{instance}} {{listener}} admitted",
+                    "B",
+                ),
+                prom_target(
+                    "sum by (instance, listener, reason) (%s)"
+                    % rate("longhaul_admission_dropped_total"),
+                    "{{instance}} {{listener}} dropped: {{reason}}",
+                    "C",
+                ),
+            ],
+        ),
         table(
             "Sessions",
             "Sessions the engines report (running, and finished ones for a short while) with "

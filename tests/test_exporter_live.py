@@ -231,6 +231,7 @@ def tcp_series(samples):
 def test_longhaul_stream_counters_grow(procs):
     need(LONGHAUL)
     port, stats = free_port(), free_port()
+    launched = time.time()
     procs.start(
         [
             LONGHAUL,
@@ -287,9 +288,35 @@ def test_longhaul_stream_counters_grow(procs):
     dropped = series(second, "longhaul_admission_dropped_total", listener="longhaul")
     assert sorted(dict(k)["reason"] for k in dropped) == ["evicted", "expired", "garbage"], dropped
     assert set(dropped.values()) == {0.0}, dropped
+    # The engine's own counters: one session begun, none failed, and the
+    # start time of the serve process this test launched.
+    engine = {
+        name: series(second, name)[()]
+        for name in ("longhaul_sessions_total", "longhaul_sessions_failed_total", "longhaul_engine_start_time_seconds")
+    }
+    assert engine["longhaul_sessions_total"] == 1.0 and engine["longhaul_sessions_failed_total"] == 0.0, engine
+    assert launched - 1 <= engine["longhaul_engine_start_time_seconds"] <= launched + 10, (launched, engine)
     # The engine collector reports longhaul's sockets; the tcp collector,
     # watching the engine's port, leaves both loopback ends of every stream
     # (and the control connection) to it: no series twice.
     assert success(second, "tcp") == 1.0
     tcp = [(n, l) for n, l, _ in first + second if n.startswith("longhaul_tcp_")]
     assert not tcp, f"longhaul's sockets reported by the tcp collector too: {tcp}"
+    # A client killed mid-transfer: the server ends that session as failed,
+    # and the counter says so.
+    killed = procs.start(
+        [LONGHAUL, "send", "--to", f"127.0.0.1:{port}", "--streams", "2", "--time", "30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.5)
+    killed.kill()
+    killed.wait(timeout=10)
+    deadline = time.time() + 30
+    while True:
+        third = scrape(addr)
+        failed = series(third, "longhaul_sessions_failed_total").get(())
+        if failed == 1.0 or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert (series(third, "longhaul_sessions_total")[()], failed) == (2.0, 1.0), "".join(log)

@@ -191,6 +191,21 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         "longhaul_device_io_bytes_total",
         "Disk-mode bytes read from or written to a block device by the session.",
     );
+    let mut started = Family::gauge(
+        "longhaul_engine_start_time_seconds",
+        "Unix time the engine (longhaul serve) started: a change is a restart, after which its counters start again from 0.",
+    );
+    let mut sessions = Family::counter(
+        "longhaul_sessions_total",
+        "Sessions the engine has begun since it started (longhaul sessions and iperf3 tests), finished, failed or running.",
+    );
+    let mut sessions_failed = Family::counter(
+        "longhaul_sessions_failed_total",
+        "Sessions the engine has ended as failed since it started (a peer gone or silent, a short transfer, a verification mismatch, a disk error; the server's log says which).",
+    );
+    started.push(&[], snap.engine.started_unix);
+    sessions.push_u64(&[], snap.engine.sessions_total);
+    sessions_failed.push_u64(&[], snap.engine.sessions_failed_total);
     let mut accepted = Family::counter(
         "longhaul_admission_accepted_total",
         "Connections a listening port of the engine accepted (listener: longhaul, the control and data port, or iperf3).",
@@ -269,6 +284,9 @@ pub fn families(snap: &Snapshot, max_streams: usize) -> Vec<Family> {
         acked,
         pacing,
         device_io,
+        started,
+        sessions,
+        sessions_failed,
         accepted,
         admitted,
         dropped,
@@ -383,6 +401,24 @@ mod tests {
         assert!((rtt.samples[3].value - 0.0045).abs() < 1e-12);
         let total: f64 = bytes.samples.iter().map(|s| s.value).sum();
         assert_eq!(total, 50.0, "the cap never loses bytes");
+    }
+
+    #[test]
+    fn the_engine_s_own_counters_and_start_time_are_unlabelled_series() {
+        let mut snap = snapshot(1);
+        snap.engine.started_unix = 1_790_000_000.5;
+        snap.engine.sessions_total = 12;
+        snap.engine.sessions_failed_total = 2;
+        let fams = families(&snap, 8);
+        let only = |name: &str| {
+            let f = fams.iter().find(|f| f.name == name).unwrap();
+            assert_eq!(f.samples.len(), 1, "{name}");
+            assert!(f.samples[0].labels.is_empty(), "{name}");
+            f.samples[0].value
+        };
+        assert_eq!(only("longhaul_engine_start_time_seconds"), 1_790_000_000.5);
+        assert_eq!(only("longhaul_sessions_total"), 12.0);
+        assert_eq!(only("longhaul_sessions_failed_total"), 2.0);
     }
 
     #[test]
