@@ -384,20 +384,7 @@ mod tests {
     use std::time::Duration;
 
     fn rcvlowat(sock: &TcpStream) -> i32 {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: v/len describe a local c_int.
-        let rc = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
-        v
+        sockopt::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVLOWAT).unwrap()
     }
 
     /// Waits for readability as a worker would for `progress`: until the

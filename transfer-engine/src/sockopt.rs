@@ -40,7 +40,7 @@ fn setsockopt<T>(sock: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::
     }
 }
 
-fn getsockopt_int(sock: &impl AsRawFd, level: i32, name: i32) -> std::io::Result<i32> {
+pub(crate) fn getsockopt_int(sock: &impl AsRawFd, level: i32, name: i32) -> std::io::Result<i32> {
     let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: value/len describe a c_int owned by this frame.
@@ -250,6 +250,32 @@ pub fn rcvbuf(sock: &impl AsRawFd) -> Option<usize> {
     getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUF)
         .ok()
         .map(|v| v.max(0) as usize)
+}
+
+/// TCP_NOTSENT_LOWAT: the most data a sending socket holds that it has not
+/// sent yet; past it, writes stop and the socket is not writable (epoll
+/// reports it again below half). 0 goes back to the machine's default
+/// (net.ipv4.tcp_notsent_lowat: no limit unless a site set one).
+pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
+    let value = bytes.min(u64::from(u32::MAX)) as libc::c_uint;
+    setsockopt(sock, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &value)
+        .map_err(|e| Error::io("setting TCP_NOTSENT_LOWAT", e))
+}
+
+/// The send buffer the kernel gave a socket (SO_SNDBUF as read back).
+pub fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
+    getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_SNDBUF)
+        .ok()
+        .map(|v| v.max(0) as usize)
+}
+
+/// The rate the socket's most recent data was delivered at
+/// (tcpi_delivery_rate, bytes per second) and the bytes the peer has
+/// acknowledged (tcpi_bytes_acked); `None` where the kernel does not report
+/// them.
+pub fn delivery(sock: &impl AsRawFd) -> Option<(u64, u64)> {
+    let info = RawTcpInfo::of_socket(sock.as_raw_fd())?;
+    Some((info.delivery_rate?, info.bytes_acked?))
 }
 
 /// The smoothed round trip of a socket (tcpi_rtt, microseconds). On a

@@ -17,7 +17,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use longhaul_stats_api::TcpInfo;
 
@@ -167,6 +167,95 @@ fn send_turn(socket: &TcpStream) -> usize {
     }
 }
 
+/// Time at its delivery rate that a `--time` stream may keep queued unsent
+/// in its socket ([`TimedQueue`]).
+pub const TIMED_QUEUE: Duration = Duration::from_millis(500);
+/// The least unsent data a `--time` stream may queue, whatever its rate.
+pub const TIMED_QUEUE_FLOOR: u64 = 64 << 10;
+/// What the peer must acknowledge of a `--time` stream's data before its
+/// delivery rate is taken for the path's.
+const TIMED_QUEUE_MEASURED: u64 = 256 << 10;
+/// How often a `--time` stream's cap follows its delivery rate.
+const TIMED_QUEUE_EVERY: Duration = Duration::from_millis(200);
+
+/// What a sending stream with a `--time` deadline keeps queued in its
+/// socket: at most [`TIMED_QUEUE`] of its delivery rate (less in the last
+/// half second: what is left of it), through TCP_NOTSENT_LOWAT.
+///
+/// Everything a socket holds when the deadline comes still has to cross
+/// the path before the receiver's end of stream, so a full 2 MB buffer
+/// (4 MB as the kernel sizes it) per stream made `--time 5` with 35 streams
+/// through a 100 Mb/s bottleneck last 15 s. A stream whose cap would be
+/// the whole buffer or more (loopback, LANs) is left alone: its queue
+/// drains in well under the cap anyway.
+struct TimedQueue {
+    deadline: Instant,
+    next: Instant,
+    /// The socket's delivery rate counts once the peer has acknowledged
+    /// this many bytes: before, it is the rate of the stream's setup
+    /// messages, not of the path.
+    measured_from: Option<u64>,
+    /// The TCP_NOTSENT_LOWAT in force, 0 for none.
+    set: u64,
+}
+
+impl TimedQueue {
+    fn new(sock: &TcpStream, deadline: Instant) -> TimedQueue {
+        TimedQueue {
+            deadline,
+            next: Instant::now(),
+            measured_from: sockopt::delivery(sock).map(|(_, acked)| acked + TIMED_QUEUE_MEASURED),
+            set: 0,
+        }
+    }
+
+    /// Follows the delivery rate, every [`TIMED_QUEUE_EVERY`] at most. Until
+    /// the peer has acknowledged [`TIMED_QUEUE_MEASURED`] of the stream's
+    /// data the cap is [`TIMED_QUEUE_FLOOR`], looked at again every turn: a
+    /// stream must not fill its whole buffer before it knows what its path
+    /// carries.
+    fn follow(&mut self, sock: &TcpStream) -> Result<()> {
+        let now = Instant::now();
+        if now < self.next {
+            return Ok(());
+        }
+        let rate = sockopt::delivery(sock)
+            .filter(|(rate, acked)| *rate > 0 && Some(*acked) >= self.measured_from)
+            .map(|(rate, _)| rate);
+        // Read each time: the kernel grows the buffer of a socket whose
+        // size was not set (autotuning).
+        let sndbuf = sockopt::sndbuf(sock).unwrap_or(usize::MAX) as u64;
+        let want = match rate {
+            Some(rate) => {
+                self.next = now + TIMED_QUEUE_EVERY;
+                timed_queue_cap(rate, self.deadline.saturating_duration_since(now), sndbuf)
+            }
+            None => timed_queue_cap(0, TIMED_QUEUE, sndbuf),
+        };
+        // Only a real change is worth a system call.
+        if want != self.set
+            && (want == 0 || self.set == 0 || want.abs_diff(self.set) > self.set / 8)
+        {
+            sockopt::set_notsent_lowat(sock, want)?;
+            self.set = want;
+        }
+        Ok(())
+    }
+}
+
+/// The TCP_NOTSENT_LOWAT for a stream delivering `rate` bytes a second
+/// with `left` to its deadline and a `sndbuf`-byte send buffer: 0 (none)
+/// when the cap would not be below the buffer.
+fn timed_queue_cap(rate: u64, left: Duration, sndbuf: u64) -> u64 {
+    let horizon = TIMED_QUEUE.min(left).as_secs_f64();
+    let want = ((rate as f64 * horizon) as u64).max(TIMED_QUEUE_FLOOR);
+    if want >= sndbuf {
+        0
+    } else {
+        want
+    }
+}
+
 /// One stream as a task of the data workers.
 struct StreamTask {
     stats: Arc<StreamStats>,
@@ -174,6 +263,8 @@ struct StreamTask {
     finished: Option<Finished>,
     /// Cap on a sending turn (see [`send_turn`]).
     send_turn: usize,
+    /// A `--time` sender's unsent queue (none for other streams).
+    timed_queue: Option<TimedQueue>,
 }
 
 impl StreamTask {
@@ -192,6 +283,9 @@ impl StreamTask {
         loop {
             match &mut self.phase {
                 Phase::Sending(source, budget) => {
+                    if let Some(q) = &mut self.timed_queue {
+                        q.follow(sock)?;
+                    }
                     let p = source.send(&io, budget)?;
                     if p != Progress::Done {
                         return Ok(p);
@@ -295,6 +389,10 @@ pub fn start(streams: Vec<(Arc<StreamStats>, Work, Finished)>) -> Result<()> {
                 e,
             )
         })?;
+        let timed_queue = match &work {
+            Work::Send(_, budget) => budget.deadline().map(|d| TimedQueue::new(&stats.socket, d)),
+            Work::Receive(_) => None,
+        };
         let phase = match work {
             Work::Send(source, budget) => Phase::Sending(source, budget),
             Work::Receive(sink) => Phase::Receiving(sink),
@@ -305,6 +403,7 @@ pub fn start(streams: Vec<(Arc<StreamStats>, Work, Finished)>) -> Result<()> {
             phase,
             finished: Some(finished),
             send_turn,
+            timed_queue,
         }));
     }
     pool.spawn(tasks);
@@ -314,6 +413,64 @@ pub fn start(streams: Vec<(Arc<StreamStats>, Work, Finished)>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timed_stream_queues_half_a_second_of_its_rate_and_less_near_its_end() {
+        let sndbuf = 4 << 20;
+        let far = Duration::from_secs(10);
+        // 35 streams sharing 100 Mb/s: 357 kB/s each, half a second queued.
+        assert_eq!(timed_queue_cap(357_000, far, sndbuf), 178_500);
+        // What is left of the last half second, no more.
+        assert_eq!(
+            timed_queue_cap(2_000_000, Duration::from_millis(200), sndbuf),
+            400_000
+        );
+        // Never below the floor, even at the deadline or before any rate.
+        assert_eq!(timed_queue_cap(10_000, far, sndbuf), TIMED_QUEUE_FLOOR);
+        assert_eq!(
+            timed_queue_cap(2_000_000, Duration::ZERO, sndbuf),
+            TIMED_QUEUE_FLOOR
+        );
+        assert_eq!(timed_queue_cap(0, TIMED_QUEUE, sndbuf), TIMED_QUEUE_FLOOR);
+        // A cap as large as the buffer is none (loopback, LANs).
+        assert_eq!(timed_queue_cap(8_400_000, far, sndbuf), 0);
+        assert_eq!(timed_queue_cap(100_000_000, far, sndbuf), 0);
+    }
+
+    #[test]
+    fn the_cap_is_set_on_the_socket_and_lifted_again() {
+        let (sock, peer) = longhaul_testkit::loopback_pair();
+        // As a session sets it (--buffer 2M): 4 MiB as the kernel sizes it.
+        sockopt::set_buffers(&sock, 2 << 20).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut q = TimedQueue::new(&sock, deadline);
+        // Nothing acknowledged yet: the floor.
+        q.follow(&sock).unwrap();
+        assert_eq!(q.set, TIMED_QUEUE_FLOOR);
+        assert_eq!(notsent_lowat(&sock), TIMED_QUEUE_FLOOR as i32);
+        // Loopback delivers far more than a buffer's worth in half a
+        // second: once measured, the cap is lifted.
+        let mut reader = peer.try_clone().unwrap();
+        let drain = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let chunk = vec![0u8; 1 << 20];
+        for _ in 0..4 {
+            std::io::Write::write_all(&mut &sock, &chunk).unwrap();
+        }
+        // The 200 ms between looks.
+        std::thread::sleep(TIMED_QUEUE_EVERY);
+        q.follow(&sock).unwrap();
+        assert_eq!(q.set, 0);
+        assert_eq!(notsent_lowat(&sock), 0);
+        sock.shutdown(Shutdown::Both).unwrap();
+        drain.join().unwrap();
+    }
+
+    fn notsent_lowat(sock: &TcpStream) -> i32 {
+        sockopt::getsockopt_int(sock, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT).unwrap()
+    }
 
     #[test]
     fn only_bbr_sockets_send_one_chunk_per_turn() {

@@ -1,0 +1,106 @@
+"""`--time` ends on time through a slow bottleneck.
+
+Everything a sending socket holds when the deadline comes must still cross
+the path before the receiver sees the end of the stream. With a full 2 MB
+buffer per stream (4 MB as the kernel sizes it), `--time 5` with 35 streams
+through a 100 Mb/s bottleneck lasted 15 s. A `--time` stream now keeps at
+most half a second of its delivery rate unsent (TCP_NOTSENT_LOWAT,
+transfer-engine/src/stream.rs), so the run ends within about a second of
+its time, in both directions, and still fills the bottleneck.
+
+Two network namespaces this test creates, joined by a veth pair with a tbf
+bottleneck on each end; nothing else is touched. Needs root, ip and tc.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import helpers
+
+RATE_MBIT = 100
+STREAMS = 35
+SECONDS = 4
+# What the run may last beyond --time: the capped queues (half a second),
+# the bottleneck's own queue and the end-of-session exchange.
+LATE_S = 1.5
+# The bottleneck still carries at least this share of its rate (payload
+# against the tbf rate, which counts headers too).
+FILLED = 0.85
+
+
+def sh(*argv):
+    subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def bottleneck():
+    """Namespaces (client, server), the server's address."""
+    if os.geteuid() != 0:
+        helpers.cannot_run("network namespaces need root")
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            helpers.cannot_run("%s (iproute2) is missing" % tool)
+    tag = "lhtl%d" % os.getpid()
+    client, server = tag + "c", tag + "s"
+    sh("ip", "netns", "add", client)
+    sh("ip", "netns", "add", server)
+    try:
+        sh("ip", "link", "add", "tl0", "netns", client, "type", "veth", "peer", "name", "tl1", "netns", server)
+        for ns, dev, addr in ((client, "tl0", "10.213.0.1/24"), (server, "tl1", "10.213.0.2/24")):
+            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
+               "rate", "%dmbit" % RATE_MBIT, "burst", "64kb", "latency", "20ms")
+        yield client, server, "10.213.0.2"
+    finally:
+        sh("ip", "netns", "del", client)
+        sh("ip", "netns", "del", server)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["client sends", "server sends"])
+def test_a_timed_run_through_a_slow_bottleneck_ends_on_time(bottleneck, reverse, tmp_path):
+    client, server, address = bottleneck
+    longhaul = helpers.dist_dir() / "longhaul"
+    assert longhaul.is_file(), f"{longhaul} missing: run `make build` or set LONGHAUL_DIST"
+    processes = helpers.Processes(tmp_path)
+    try:
+        serve = processes.start(
+            "serve",
+            ["ip", "netns", "exec", server, longhaul, "serve",
+             "--listen", address + ":7400", "--allow-unauthenticated"],
+        )
+        deadline = time.monotonic() + 30
+        while subprocess.run(
+            ["ip", "netns", "exec", server, "ss", "-Hltn", "sport = :7400"],
+            capture_output=True, text=True,
+        ).stdout.strip() == "":
+            processes.check_running(serve)
+            assert time.monotonic() < deadline, processes.log("serve")
+            time.sleep(0.1)
+        started = time.monotonic()
+        run = subprocess.run(
+            ["ip", "netns", "exec", client, longhaul, "send", "--to", address + ":7400",
+             "--streams", str(STREAMS), "--buffer", "2M", "--time", str(SECONDS), "--json"]
+            + (["--reverse"] if reverse else []),
+            capture_output=True, text=True, timeout=120,
+        )
+        took = time.monotonic() - started
+    finally:
+        processes.stop()
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    mbps = summary["throughput_bps"] / 1e6
+    print("%s: %.2f s (wall %.2f s) for --time %d, %.1f Mb/s"
+          % ("reverse" if reverse else "forward", summary["seconds"], took, SECONDS, mbps))
+    assert summary["seconds"] <= SECONDS + LATE_S, summary["seconds"]
+    assert took <= SECONDS + LATE_S + 1.0, took
+    assert mbps >= FILLED * RATE_MBIT, mbps
+    # Every stream moved data: the caps starve none.
+    assert len(summary["streams"]) == STREAMS
+    assert all(s["bytes"] > 0 for s in summary["streams"]), summary["streams"]
