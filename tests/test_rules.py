@@ -142,46 +142,43 @@ def test_case_against_the_current_and_the_previous_rule(case, tmp_path, previous
 ROLE = REPO / "roles" / "prometheus"
 
 
+def run_local_playbook(tmp_path, tasks, overrides, gather_facts=False, env=None):
+    """`tasks` as a playbook on localhost with `overrides` as extra vars, as
+    the role's users run it: the finished ansible-playbook."""
+    play = {"hosts": "localhost", "connection": "local", "gather_facts": gather_facts, "tasks": tasks}
+    if gather_facts:
+        play["gather_subset"] = ["min"]
+    playbook = tmp_path / "playbook.yml"
+    playbook.write_text(yaml.safe_dump([play]))
+    return subprocess.run(
+        [shutil.which("ansible-playbook") or "ansible-playbook", "--extra-vars", json.dumps(overrides), str(playbook)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "ANSIBLE_LOCALHOST_WARNING": "false",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+            **(env or {}),
+        },
+    )
+
+
+def template_task(template, dest):
+    return {"ansible.builtin.template": {"src": str(ROLE / "templates" / template), "dest": str(dest), "mode": "0644"}}
+
+
 def render_with_role_defaults(template, tmp_path, **overrides):
     """`template` of the prometheus role rendered with the role's defaults
     (and `overrides` of them), as the role (and lab/compose/render.yml)
     renders it."""
     out = tmp_path / template.replace(".j2", "")
-    playbook = tmp_path / "render.yml"
-    playbook.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "hosts": "localhost",
-                    "connection": "local",
-                    "gather_facts": False,
-                    "tasks": [
-                        {"ansible.builtin.include_vars": {"file": str(ROLE / "defaults" / "main.yml")}},
-                        {"ansible.builtin.include_vars": {"file": str(ROLE / "vars" / "main.yml")}},
-                        {
-                            "ansible.builtin.template": {
-                                "src": str(ROLE / "templates" / template),
-                                "dest": str(out),
-                                "mode": "0644",
-                            }
-                        },
-                    ],
-                }
-            ]
-        )
-    )
-    done = subprocess.run(
-        [
-            shutil.which("ansible-playbook") or "ansible-playbook",
-            "--extra-vars",
-            json.dumps(overrides),
-            str(playbook),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"},
-    )
+    tasks = [
+        {"ansible.builtin.include_vars": {"file": str(ROLE / "defaults" / "main.yml")}},
+        {"ansible.builtin.include_vars": {"file": str(ROLE / "vars" / "main.yml")}},
+        template_task(template, out),
+    ]
+    done = run_local_playbook(tmp_path, tasks, overrides)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out.read_text()
 
@@ -257,46 +254,12 @@ def role_preflight(tmp_path, **overrides):
     thresholds or None)."""
     out = tmp_path / "thresholds.yml"
     out.unlink(missing_ok=True)
-    playbook = tmp_path / "preflight.yml"
-    playbook.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "hosts": "localhost",
-                    "connection": "local",
-                    "gather_facts": True,
-                    "gather_subset": ["min"],
-                    "tasks": [
-                        {
-                            "ansible.builtin.include_role": {
-                                "name": "prometheus",
-                                "tasks_from": "preflight.yml",
-                                "public": True,
-                            }
-                        },
-                        {
-                            "ansible.builtin.template": {
-                                "src": str(ROLE / "templates" / "thresholds.yml.j2"),
-                                "dest": str(out),
-                                "mode": "0644",
-                            }
-                        },
-                    ],
-                }
-            ]
-        )
-    )
-    done = subprocess.run(
-        [shutil.which("ansible-playbook") or "ansible-playbook", "--extra-vars", json.dumps(overrides), str(playbook)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "ANSIBLE_ROLES_PATH": str(ROLE.parent),
-            "ANSIBLE_LOCALHOST_WARNING": "false",
-            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-        },
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "prometheus", "tasks_from": "preflight.yml", "public": True}},
+        template_task("thresholds.yml.j2", out),
+    ]
+    done = run_local_playbook(
+        tmp_path, tasks, overrides, gather_facts=True, env={"ANSIBLE_ROLES_PATH": str(ROLE.parent)}
     )
     thresholds = None
     if out.exists():

@@ -247,7 +247,12 @@ pub fn set_rcvlowat(sock: &impl AsRawFd, bytes: usize) -> Result<()> {
 /// The receive buffer the kernel gave a socket (SO_RCVBUF as read back:
 /// twice what was asked, the second half for its bookkeeping).
 pub fn rcvbuf(sock: &impl AsRawFd) -> Option<usize> {
-    getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUF)
+    buffer_size(sock, libc::SO_RCVBUF)
+}
+
+/// SO_SNDBUF or SO_RCVBUF as the kernel reports it.
+fn buffer_size(sock: &impl AsRawFd, name: libc::c_int) -> Option<usize> {
+    getsockopt_int(sock, libc::SOL_SOCKET, name)
         .ok()
         .map(|v| v.max(0) as usize)
 }
@@ -264,9 +269,7 @@ pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
 
 /// The send buffer the kernel gave a socket (SO_SNDBUF as read back).
 pub fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
-    getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_SNDBUF)
-        .ok()
-        .map(|v| v.max(0) as usize)
+    buffer_size(sock, libc::SO_SNDBUF)
 }
 
 /// The rate the socket's most recent data was delivered at
