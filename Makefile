@@ -67,7 +67,7 @@ test-integration:
 test-roles:
 	@$(STAGE) test-roles scripts/molecule-all
 
-# End-to-end: the lab of five systemd containers, provisioned with site.yml.
+# End-to-end: the lab (two pairs of transfer hosts), provisioned with site.yml.
 test-lab:
 	@$(STAGE) test-lab scripts/pytest-run tests/lab
 

@@ -1,7 +1,8 @@
 """The lab for the end-to-end tests: one lab for the whole session.
 
 The `lab` fixture brings the lab down (whatever was left), up from scratch
-(lab/up), provisions it twice with the real ansible/site.yml (the second run
+(lab/up, with two pairs of transfer hosts unless LAB_PAIRS says otherwise:
+test_phases.py gives each run of a phase a pair of its own), provisions it twice with the real ansible/site.yml (the second run
 must change nothing), and removes it at the end of the session (lab/down).
 For debugging: LONGHAUL_LAB_KEEP=1 keeps the lab afterwards, and
 LONGHAUL_LAB_REUSE=1 reuses a running, provisioned lab as it is (no site.yml
@@ -44,6 +45,7 @@ def lab():
         dist = Path(os.environ.get("LONGHAUL_DIST", REPO / "dist"))
         if not (dist / binary).is_file():
             pytest.fail("%s/%s is missing: run `make build` first" % (dist, binary))
+    os.environ.setdefault("LAB_PAIRS", "2")
     handle = Lab()
     handle.reused = os.environ.get("LONGHAUL_LAB_REUSE") == "1"
     if not handle.reused:

@@ -47,6 +47,13 @@ RECAP = re.compile(
 )
 
 
+def transfer_hosts():
+    """{host: its inventory variables} of the lab's transfer hosts, as lab/up
+    wrote them into ansible/inventories/lab/hosts.yml."""
+    inventory = yaml.safe_load((INVENTORY / "hosts.yml").read_text())
+    return inventory["all"]["children"]["transfer_hosts"]["hosts"]
+
+
 def lab_env():
     """lab/lab.env's values, as lab/up sees them."""
     out = subprocess.run(
@@ -116,12 +123,15 @@ class Lab:
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
-            "xfer-a": env["LAB_IP_XFER_A"],
-            "xfer-b": env["LAB_IP_XFER_B"],
             "router": env["LAB_IP_ROUTER_A"],
             "monitor": env["LAB_IP_MONITOR_A"],
             "central": env["LAB_IP_CENTRAL"],
         }
+        # Every pair's transfer hosts: LAB_IP_XFER_A is xfer-a, LAB_IP_XFER_B2 xfer-b2.
+        for name, value in env.items():
+            pair = re.fullmatch(r"LAB_IP_XFER_([AB])(\d*)", name)
+            if pair:
+                self.address["xfer-%s%s" % (pair.group(1).lower(), pair.group(2))] = value
         self.provision = []  # PlaybookRun of the first and second site.yml
         self.reused = False  # LONGHAUL_LAB_REUSE=1: a running lab, not a fresh one
 

@@ -22,7 +22,7 @@ import subprocess
 import urllib.error
 
 import pytest
-from labkit import LAB, REPO, Lab, frame_values, grafana_api, wait_until
+from labkit import LAB, REPO, Lab, frame_values, grafana_api, transfer_hosts, wait_until
 
 import helpers
 
@@ -183,7 +183,7 @@ def test_every_prometheus_target_is_up(stack):
     jobs = {job for job, _ in health()}
     assert {"prometheus", "alertmanager", "node", "longhaul", "telegraf"} <= jobs, health()
     instances = {instance for job, instance in health() if job == "longhaul"}
-    assert instances == {"xfer-a", "xfer-b"}, health()
+    assert instances == set(transfer_hosts()), health()
 
 
 def test_prometheus_reaches_alertmanager(stack):

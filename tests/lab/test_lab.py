@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers import cannot_run
-from labkit import MONITORING_VARS, REPO, epoch, wait_until
+from labkit import MONITORING_VARS, REPO, epoch, transfer_hosts, wait_until
 
 # Engine and campaign settings of these tests. The memory run is long enough for a
 # few steps of the router panel's 15 s rate window in its steady state.
@@ -111,12 +111,15 @@ def test_second_site_yml_run_changes_nothing(lab):
 
 def test_site_traffic_crosses_the_router(provisioned):
     lab = provisioned
-    for host, other, via in (
-        ("xfer-a", "xfer-b", lab.env["LAB_IP_ROUTER_A"]),
-        ("xfer-b", "xfer-a", lab.env["LAB_IP_ROUTER_B"]),
-    ):
-        route = lab.sh(host, "ip -4 route get %s" % lab.address[other]).stdout
-        assert " via %s " % via in route, route
+    # Every transfer host of every pair reaches the other site's hosts via its router side.
+    hosts = transfer_hosts()
+    assert len(hosts) >= 4, "the lab tests bring up two pairs of transfer hosts: %s" % sorted(hosts)
+    via = {"a": lab.env["LAB_IP_ROUTER_A"], "b": lab.env["LAB_IP_ROUTER_B"]}
+    for host, host_vars in hosts.items():
+        for other, other_vars in hosts.items():
+            if other_vars["site"] != host_vars["site"]:
+                route = lab.sh(host, "ip -4 route get %s" % lab.address[other]).stdout
+                assert " via %s " % via[host_vars["site"]] in route, (host, other, route)
     qdiscs = lab.sh("router", "tc qdisc show").stdout
     assert qdiscs.count(" tbf ") == 2, qdiscs
 
@@ -125,13 +128,9 @@ def test_every_service_answers(provisioned):
     lab = provisioned
     targets = lab.get_json(lab.prometheus_url + "/api/v1/targets")["data"]["activeTargets"]
     health = {(t["labels"]["job"], t["labels"]["instance"]): t["health"] for t in targets}
-    for job, instance in [
-        ("node", "xfer-a"),
-        ("node", "xfer-b"),
-        ("node", "router"),
-        ("node", "monitor"),
-        ("longhaul", "xfer-a"),
-        ("longhaul", "xfer-b"),
+    hosts = sorted(transfer_hosts())
+    for job, instance in [("node", "router"), ("node", "monitor")] + [
+        (job, host) for host in hosts for job in ("node", "longhaul")
     ]:
         wait_until(
             lambda: lab.promql('up{job="%s", instance="%s"} == 1' % (job, instance)),

@@ -2,8 +2,9 @@
 
 FDT's Figure 5 (two pairs sending in opposite directions at once, 35 streams x
 2 MB each) as campaigns/mem-2pairs-both-directions.yml, and the four-pair
-aggregate of campaigns/mem-4pairs-aggregate.yml: both directions carry
-traffic at the same time, each direction's aggregate agrees with what the
+aggregate of campaigns/mem-4pairs-aggregate.yml, on two pairs of transfer
+hosts (LAB_PAIRS=2, which conftest.py gives the lab): both directions carry
+traffic at the same time, between hosts of their own, each direction's aggregate agrees with what the
 router sent that way (SNMP, within 10 %), the phase summary and the report's
 aggregate figure exist, and the senders of a phase start within 1 s of each
 other (their JSON start times).
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labkit import INVENTORY, REPO, wait_until
+from labkit import REPO, transfer_hosts, wait_until
 
 PHASE_SECONDS = 20
 # Seconds before and after the phase the router comparison integrates over
@@ -32,13 +33,17 @@ START_SPREAD_S = 1.0
 def site_of(host):
     """A transfer host's site in the lab's inventory (lab/up writes it); the
     phase summary names directions and links by sites."""
-    hosts = yaml.safe_load((INVENTORY / "hosts.yml").read_text())["all"]["children"][
-        "transfer_hosts"
-    ]["hosts"]
-    return hosts[host].get("site", host)
+    return transfer_hosts()[host].get("site", host)
 
 
 def run_phase(lab, campaign, phase, tmp_path_factory):
+    runs = yaml.safe_load((REPO / "campaigns" / ("%s.yml" % campaign)).read_text())["campaign_runs"]
+    hosts = {run[end] for run in runs for end in ("sender", "receiver")}
+    missing = sorted(hosts - set(transfer_hosts()))
+    assert not missing, (
+        "%s needs the transfer hosts %s, which the lab's inventory lacks (LAB_PAIRS=%s): "
+        "bring the lab up with LAB_PAIRS=2" % (campaign, ", ".join(missing), lab.env.get("LAB_PAIRS"))
+    )
     wait_until(
         lambda: lab.influxql('SELECT count("ifHCOutOctets") FROM "interface" WHERE time > now() - 1m'),
         90,
@@ -85,6 +90,9 @@ def test_two_pairs_start_together_and_both_directions_carry_traffic(provisioned,
     starts = {r["name"]: (r["started_unix"], r["started_unix"] + r["seconds"]) for r in phase["runs"]}
     overlap = min(e for _, e in starts.values()) - max(s for s, _ in starts.values())
     assert overlap > 0.8 * PHASE_SECONDS, "the pairs did not run at the same time: %s" % starts
+    # Figure 5's setup: each pair has a sender and a receiver of its own.
+    pairs = [(r["sender"], r["receiver"]) for r in phase["runs"]]
+    assert len({host for pair in pairs for host in pair}) == 4, pairs
     for key, d in phase["directions"].items():
         share = d["throughput_bps"] / provisioned.bottleneck_bps
         print("%s: %.1f Mb/s (%.0f%% of %s)" % (key, d["throughput_bps"] / 1e6, 100 * share,
@@ -112,6 +120,27 @@ def test_each_directions_aggregate_agrees_with_the_router(provisioned, two_pairs
         assert abs(router_bps - engine_bps) <= TOLERANCE * engine_bps, (key, router_bps, engine_bps)
 
 
+def test_each_pairs_receiver_reports_its_run_to_prometheus(provisioned, two_pairs):
+    """Pair 2's hosts are provisioned and watched like pair 1's: each run's
+    receiver exported the bytes it took in, under its own instance label,
+    about what its run's JSON says it moved."""
+    lab = provisioned
+    _, phase = two_pairs
+    for run in phase["runs"]:
+        # Per session the receiver had in the phase's window (an earlier
+        # session may still be listed: finished ones stay for a minute).
+        sessions = [
+            float(s["value"][1]) for s in lab.promql(
+                'max by (session) (max_over_time(longhaul_session_bytes_total{instance="%s", '
+                'direction="receive"}[%ds]))' % (run["receiver"], PHASE_SECONDS + 2 * ROUTER_MARGIN_S),
+                at=phase["ended_unix"] + ROUTER_MARGIN_S)
+        ]
+        expected = run["throughput_bps"] * run["seconds"] / 8
+        print("%s: %s exported sessions of %s MB received, the run %.0f MB"
+              % (run["name"], run["receiver"], [round(b / 1e6) for b in sessions], expected / 1e6))
+        assert any(abs(b - expected) <= 0.1 * expected for b in sessions), (run, sessions)
+
+
 def test_the_report_draws_the_phase_engine_and_router(provisioned, two_pairs, tmp_path):
     directory, phase = two_pairs
     dist = Path(os.environ.get("LONGHAUL_DIST", REPO / "dist"))
@@ -133,6 +162,8 @@ def test_the_report_draws_the_phase_engine_and_router(provisioned, two_pairs, tm
 def test_four_pairs_start_within_a_second(four_pairs):
     directory, phase = four_pairs
     assert len(phase["runs"]) == 4, phase
+    # Four senders on four hosts: the start instant reaches each host separately.
+    assert len({r["sender"] for r in phase["runs"]}) == 4, phase["runs"]
     starts = [
         json.loads((directory / ("%s.json" % r["name"])).read_text().strip().splitlines()[-1])["started_unix"]
         for r in phase["runs"]
