@@ -2,8 +2,9 @@
 
 The `lab` fixture brings the lab down (whatever was left), up from scratch
 (lab/up, with two pairs of transfer hosts unless LAB_PAIRS says otherwise:
-test_phases.py gives each run of a phase a pair of its own), provisions it twice with the real ansible/site.yml (the second run
-must change nothing), and removes it at the end of the session (lab/down).
+test_phases.py gives each run of a phase a pair of its own), provisions it
+twice with the real ansible/site.yml (the second run must change nothing),
+and removes it at the end of the session (lab/down).
 For debugging: LONGHAUL_LAB_KEEP=1 keeps the lab afterwards, and
 LONGHAUL_LAB_REUSE=1 reuses a running, provisioned lab as it is (no site.yml
 run: the provisioning tests fail, or skip with LONGHAUL_ALLOW_SKIP=1). The

@@ -4,10 +4,10 @@ FDT's Figure 5 (two pairs sending in opposite directions at once, 35 streams x
 2 MB each) as campaigns/mem-2pairs-both-directions.yml, and the four-pair
 aggregate of campaigns/mem-4pairs-aggregate.yml, on two pairs of transfer
 hosts (LAB_PAIRS=2, which conftest.py gives the lab): both directions carry
-traffic at the same time, between hosts of their own, each direction's aggregate agrees with what the
-router sent that way (SNMP, within 10 %), the phase summary and the report's
-aggregate figure exist, and the senders of a phase start within 1 s of each
-other (their JSON start times).
+traffic at the same time, between hosts of their own, each direction's
+aggregate agrees with what the router sent that way (SNMP, within 10 %), the
+phase summary and the report's aggregate figure exist, and the senders of a
+phase start within 1 s of each other (their JSON start times).
 """
 
 import json
