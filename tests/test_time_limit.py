@@ -8,6 +8,11 @@ most half a second of its delivery rate unsent (TCP_NOTSENT_LOWAT,
 transfer-engine/src/stream.rs), so the run ends within about a second of
 its time, in both directions, and still fills the bottleneck.
 
+1024 streams paced to 90 Mb/s (`--rate`) through the same bottleneck share
+it evenly and end on time too: the pacer hands each stream at most 100 ms
+of its share at once (transfer-engine/src/pacer.rs), and a paced stream
+queues at most half a second of its share from its first byte.
+
 Two network namespaces this test creates, joined by a veth pair with a tbf
 bottleneck on each end; nothing else is touched. Needs root, ip and tc.
 """
@@ -21,6 +26,7 @@ import time
 import pytest
 
 import helpers
+import hostile
 
 RATE_MBIT = 100
 STREAMS = 35
@@ -63,8 +69,9 @@ def bottleneck():
         sh("ip", "netns", "del", server)
 
 
-@pytest.mark.parametrize("reverse", [False, True], ids=["client sends", "server sends"])
-def test_a_timed_run_through_a_slow_bottleneck_ends_on_time(bottleneck, reverse, tmp_path):
+def timed_run(bottleneck, tmp_path, args):
+    """`longhaul send` from the client namespace to a server in the other:
+    (the final JSON report, wall seconds)."""
     client, server, address = bottleneck
     longhaul = helpers.dist_dir() / "longhaul"
     assert longhaul.is_file(), f"{longhaul} missing: run `make build` or set LONGHAUL_DIST"
@@ -88,15 +95,22 @@ def test_a_timed_run_through_a_slow_bottleneck_ends_on_time(bottleneck, reverse,
         started = time.monotonic()
         run = subprocess.run(
             ["ip", "netns", "exec", client, longhaul, "send", "--to", address + ":7400",
-             "--streams", str(STREAMS), "--buffer", "2M", "--time", str(SECONDS), "--json"]
-            + (["--reverse"] if reverse else []),
+             "--buffer", "2M", "--json", *args],
             capture_output=True, text=True, timeout=120,
         )
         took = time.monotonic() - started
     finally:
         processes.stop()
     assert run.returncode == 0, run.stderr
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1]), took
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["client sends", "server sends"])
+def test_a_timed_run_through_a_slow_bottleneck_ends_on_time(bottleneck, reverse, tmp_path):
+    summary, took = timed_run(
+        bottleneck, tmp_path,
+        ["--streams", str(STREAMS), "--time", str(SECONDS)] + (["--reverse"] if reverse else []),
+    )
     mbps = summary["throughput_bps"] / 1e6
     print("%s: %.2f s (wall %.2f s) for --time %d, %.1f Mb/s"
           % ("reverse" if reverse else "forward", summary["seconds"], took, SECONDS, mbps))
@@ -106,3 +120,37 @@ def test_a_timed_run_through_a_slow_bottleneck_ends_on_time(bottleneck, reverse,
     # Every stream moved data: the caps starve none.
     assert len(summary["streams"]) == STREAMS
     assert all(s["bytes"] > 0 for s in summary["streams"]), summary["streams"]
+
+
+# 1024 streams through the 100 Mb/s bottleneck, paced to 90 Mb/s in all:
+# each stream's share is 11 kB/s, under a 64 KiB chunk a second.
+MANY = 1024
+PACED_MBIT = 90
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["client sends", "server sends"])
+def test_1024_paced_streams_share_a_slow_bottleneck_evenly_and_end_on_time(
+        bottleneck, reverse, tmp_path):
+    # Each stream's share is a 64th of the chunk the pacer used to hand out
+    # (10 ms of the whole rate), and every socket queued what it was given:
+    # the last streams started seconds late, 338 of 1024 moved nothing in
+    # 4 s, and the run ended at 9.3 s at 39 Mb/s.
+    hostile.raise_open_files_limit()
+    summary, took = timed_run(
+        bottleneck, tmp_path,
+        ["--streams", str(MANY), "--rate", "%dM" % PACED_MBIT, "--time", str(SECONDS)]
+        + (["--reverse"] if reverse else []),
+    )
+    mbps = summary["throughput_bps"] / 1e6
+    moved = sorted(s["bytes"] for s in summary["streams"])
+    mean = sum(moved) / len(moved)
+    print("%s: %.2f s (wall %.2f s) for --time %d, %.1f Mb/s of --rate %dM, "
+          "streams from %.2f to %.2f of the mean"
+          % ("reverse" if reverse else "forward", summary["seconds"], took, SECONDS, mbps,
+             PACED_MBIT, moved[0] / mean, moved[-1] / mean))
+    assert summary["seconds"] <= SECONDS + LATE_S, summary["seconds"]
+    assert took <= SECONDS + LATE_S + 2.0, took
+    assert mbps >= FILLED * PACED_MBIT, mbps
+    assert len(moved) == MANY
+    # Every stream got about its share, none starved.
+    assert moved[0] >= 0.5 * mean, moved[:20]

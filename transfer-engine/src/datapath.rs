@@ -52,6 +52,10 @@ pub enum Grant {
     WaitUntil(Instant),
     /// Nothing more: the limit is reached, or the session stopped.
     Done,
+    /// Not now: the socket holds all the unsent data the stream may queue
+    /// (a `--time` stream's cap, see [`SendBudget::set_queue_room`]); wait
+    /// until it is writable.
+    Full,
 }
 
 /// Everything a [`Source`] needs to know about how much to send.
@@ -65,6 +69,8 @@ pub struct SendBudget {
     /// Bytes the pacer granted that are not sent yet, and from when.
     credit: usize,
     credit_from: Option<Instant>,
+    /// Unsent bytes the socket may still take this turn, if capped.
+    queue_room: Option<usize>,
 }
 
 impl SendBudget {
@@ -75,7 +81,17 @@ impl SendBudget {
             stop,
             credit: 0,
             credit_from: None,
+            queue_room: None,
         }
+    }
+
+    /// Caps what [`Self::grant`] lets out this turn at `room` more unsent
+    /// bytes in the socket (`None`: no cap). The kernel's own cap,
+    /// TCP_NOTSENT_LOWAT, only stops a write from starting a new packet
+    /// buffer: the last one still takes up to a whole GSO packet (64 KiB),
+    /// so 1024 slow streams with a 64 KiB cap held 80 MB, not 64.
+    pub fn set_queue_room(&mut self, room: Option<usize>) {
+        self.queue_room = room;
     }
 
     /// The streams started at `start`: a [`Limit::For`] ends then.
@@ -113,6 +129,11 @@ impl SendBudget {
             // Not started: the stream calls `started_at` first.
             Limit::For(_) => return Grant::Done,
         };
+        let max = match self.queue_room {
+            Some(0) => return Grant::Full,
+            Some(room) => max.min(room),
+            None => max,
+        };
         self.pace(max)
     }
 
@@ -142,6 +163,9 @@ impl SendBudget {
     /// `n` of the granted bytes went out.
     pub fn spent(&mut self, n: usize) {
         self.credit = self.credit.saturating_sub(n);
+        if let Some(room) = &mut self.queue_room {
+            *room = room.saturating_sub(n);
+        }
     }
 
     /// How a source that would block on its socket waits: for the socket

@@ -244,7 +244,8 @@ fn data_phase_inner(
         Some(b) => Limit::Bytes(b),
         None => Limit::For(Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
     };
-    let pacer = req.rate_bps.map(|r| Arc::new(Pacer::new(r)));
+    let senders = streams.iter().filter(|s| s.role == Role::Send).count();
+    let pacer = req.rate_bps.map(|r| Arc::new(Pacer::shared(r, senders)));
     let mut works = Vec::with_capacity(streams.len());
     for s in streams {
         let work = match s.role {
@@ -408,6 +409,7 @@ impl Watchdog {
 
     fn check(&mut self, streams: &[Arc<StreamStats>], now: Instant) -> Result<()> {
         self.next = now + WATCHDOG_PERIOD;
+        let mut idle = None;
         for (s, seen) in streams.iter().zip(self.seen.iter_mut()) {
             let Some((last, since)) = seen else {
                 continue;
@@ -415,19 +417,42 @@ impl Watchdog {
             let p = s.progress();
             if p != *last {
                 *seen = Some((p, now));
-            } else if now.duration_since(*since) >= DATA_IDLE_TIMEOUT {
-                return Err(Error::Timeout(format!(
-                    "stream {}: no data moved for {} s (the data idle timeout): the peer stopped {}",
-                    s.id,
-                    DATA_IDLE_TIMEOUT.as_secs(),
-                    match s.role {
-                        Role::Send => "reading",
-                        Role::Receive => "sending",
-                    }
-                )));
+            } else if idle.is_none() && now.duration_since(*since) >= DATA_IDLE_TIMEOUT {
+                idle = Some(s);
             }
         }
-        Ok(())
+        let Some(s) = idle else {
+            return Ok(());
+        };
+        // Running streams that moved data within the timeout: the peer and
+        // the path are alive, and this stream is starved.
+        let moving = self
+            .seen
+            .iter()
+            .filter(|seen| {
+                matches!(seen, Some((_, since)) if now.duration_since(*since) < DATA_IDLE_TIMEOUT)
+            })
+            .count();
+        let why = if moving == 0 {
+            format!(
+                "the peer stopped {}",
+                match s.role {
+                    Role::Send => "reading",
+                    Role::Receive => "sending",
+                }
+            )
+        } else {
+            format!(
+                "{moving} other stream(s) of the session moved data meanwhile, so the path \
+                 starves this one: too many streams for the bottleneck's queue (use fewer \
+                 streams, or --rate at or below the bottleneck's rate)"
+            )
+        };
+        Err(Error::Timeout(format!(
+            "stream {}: no data moved for {} s (the data idle timeout): {why}",
+            s.id,
+            DATA_IDLE_TIMEOUT.as_secs(),
+        )))
     }
 }
 
@@ -564,6 +589,53 @@ mod tests {
             );
             assert_eq!(accepted.read_timeout().unwrap(), Some(DATA_SOCKET_TIMEOUT));
         }
+    }
+
+    /// A receiving stream on a connected loopback socket (its peer end
+    /// kept open), as the watchdog sees it.
+    fn watched(id: u32) -> (Arc<StreamStats>, TcpStream) {
+        let (sock, peer) = longhaul_testkit::loopback_pair();
+        (Arc::new(StreamStats::new(id, Role::Receive, sock)), peer)
+    }
+
+    #[test]
+    fn the_watchdog_tells_a_stopped_peer_from_a_starved_stream() {
+        use std::sync::atomic::Ordering;
+        let (a, _pa) = watched(0);
+        let (b, _pb) = watched(1);
+        let streams = vec![a.clone(), b.clone()];
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        // Both silent for the whole timeout: the peer stopped.
+        let mut dog = Watchdog::new(2, start);
+        dog.check(&streams, at(1)).unwrap();
+        let err = dog.check(&streams, at(31)).unwrap_err().to_string();
+        assert!(err.contains("stream 0: no data moved for 30 s"), "{err}");
+        assert!(err.contains("the peer stopped sending"), "{err}");
+        // Stream 0 keeps moving, stream 1 never does: starved, said so.
+        let mut dog = Watchdog::new(2, start);
+        for t in [1, 10, 20, 30] {
+            a.bytes.fetch_add(1000, Ordering::Relaxed);
+            dog.check(&streams, at(t)).unwrap();
+        }
+        a.bytes.fetch_add(1000, Ordering::Relaxed);
+        let err = dog.check(&streams, at(31)).unwrap_err().to_string();
+        assert!(err.contains("stream 1: no data moved for 30 s"), "{err}");
+        assert!(
+            err.contains("1 other stream(s) of the session moved data"),
+            "{err}"
+        );
+        assert!(err.contains("--rate"), "{err}");
+        // A finished stream is no evidence that the path still works.
+        let mut dog = Watchdog::new(2, start);
+        a.bytes.fetch_add(1000, Ordering::Relaxed);
+        dog.check(&streams, at(1)).unwrap();
+        dog.finished(0);
+        let err = dog.check(&streams, at(31)).unwrap_err().to_string();
+        assert!(
+            err.contains("stream 1") && err.contains("the peer stopped"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -267,18 +267,49 @@ pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
         .map_err(|e| Error::io("setting TCP_NOTSENT_LOWAT", e))
 }
 
+/// SO_MAX_PACING_RATE in bytes per second, `None` when unlimited (the
+/// default) or unknown.
+pub fn max_pacing_rate(sock: &impl AsRawFd) -> Option<u64> {
+    let mut value: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: value/len describe a u64 owned by this frame; the kernel
+    // writes the 64-bit rate when given 8 bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_MAX_PACING_RATE,
+            (&mut value as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    let unlimited = if len as usize == std::mem::size_of::<u64>() {
+        u64::MAX
+    } else {
+        u64::from(u32::MAX)
+    };
+    let value = value & unlimited;
+    (rc == 0 && value != unlimited).then_some(value)
+}
+
+/// The bytes a socket holds that it has not sent yet (SIOCOUTQNSD):
+/// what TCP_NOTSENT_LOWAT compares with its limit.
+pub fn notsent(sock: &impl AsRawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQNSD writes one int through the pointer.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCOUTQNSD, &mut n) };
+    (rc == 0).then(|| n.max(0) as u64)
+}
+
 /// The send buffer the kernel gave a socket (SO_SNDBUF as read back).
 pub fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
     buffer_size(sock, libc::SO_SNDBUF)
 }
 
-/// The rate the socket's most recent data was delivered at
-/// (tcpi_delivery_rate, bytes per second) and the bytes the peer has
-/// acknowledged (tcpi_bytes_acked); `None` where the kernel does not report
-/// them.
-pub fn delivery(sock: &impl AsRawFd) -> Option<(u64, u64)> {
-    let info = RawTcpInfo::of_socket(sock.as_raw_fd())?;
-    Some((info.delivery_rate?, info.bytes_acked?))
+/// The bytes the peer has acknowledged on the socket (tcpi_bytes_acked);
+/// `None` where the kernel does not report it.
+pub fn bytes_acked(sock: &impl AsRawFd) -> Option<u64> {
+    RawTcpInfo::of_socket(sock.as_raw_fd())?.bytes_acked
 }
 
 /// The smoothed round trip of a socket (tcpi_rtt, microseconds). On a

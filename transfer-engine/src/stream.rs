@@ -170,11 +170,20 @@ fn send_turn(socket: &TcpStream) -> usize {
 /// Time at its delivery rate that a `--time` stream may keep queued unsent
 /// in its socket ([`TimedQueue`]).
 const TIMED_QUEUE: Duration = Duration::from_millis(500);
-/// The least unsent data a `--time` stream may queue, whatever its rate.
+/// The unsent data a `--time` stream may queue before its rate is known
+/// (less when `--rate` already says: half a second of its share).
 const TIMED_QUEUE_FLOOR: u64 = 64 << 10;
+/// The least unsent data a `--time` stream may queue once its rate is
+/// known, however slow it is. Every stream holds at least this much when
+/// the deadline comes, so it bounds the tail of many slow streams: 1024
+/// streams sharing 100 Mb/s leave 8 MiB, under 0.7 s of the path.
+const TIMED_QUEUE_MEASURED_FLOOR: u64 = 8 << 10;
 /// What the peer must acknowledge of a `--time` stream's data before its
-/// delivery rate is taken for the path's.
+/// rate is taken for the path's...
 const TIMED_QUEUE_MEASURED: u64 = 256 << 10;
+/// ...or how long the stream must have run: a stream whose share of a slow
+/// path is under 256 KiB a second is measured after this long.
+const TIMED_QUEUE_MEASURED_AFTER: Duration = Duration::from_secs(1);
 /// How often a `--time` stream's cap follows its delivery rate.
 const TIMED_QUEUE_EVERY: Duration = Duration::from_millis(200);
 
@@ -188,50 +197,100 @@ const TIMED_QUEUE_EVERY: Duration = Duration::from_millis(200);
 /// through a 100 Mb/s bottleneck last 15 s. A stream whose cap would be
 /// the whole buffer or more (loopback, LANs) is left alone: its queue
 /// drains in well under the cap anyway.
+///
+/// The delivery rate is the stream's own: the bytes the peer acknowledged
+/// over the last look's [`TIMED_QUEUE_EVERY`] (over the whole stream for
+/// the first look), or a faster window's, fading by a fifth a look. The
+/// kernel's tcpi_delivery_rate is one sample of the
+/// last round trip; a stream sharing a bottleneck with many others sees
+/// samples up to the whole path's rate, which lifted the caps of 128
+/// streams through 100 Mb/s to 20 MB in all (1.6 s of the path).
 struct TimedQueue {
     deadline: Instant,
     next: Instant,
-    /// The socket's delivery rate counts once the peer has acknowledged
-    /// this many bytes: before, it is the rate of the stream's setup
-    /// messages, not of the path.
-    measured_from: Option<u64>,
+    /// When the stream started and what the peer had acknowledged then:
+    /// until it acknowledged [`TIMED_QUEUE_MEASURED`] more, or ran for
+    /// [`TIMED_QUEUE_MEASURED_AFTER`], its rate is that of its setup
+    /// messages and slow start, not of the path.
+    started: (Instant, u64),
+    /// The start of the window the next rate is taken over.
+    window: (Instant, u64),
+    /// The cap until the stream is measured.
+    unmeasured: u64,
+    /// The delivery rate the cap follows, bytes a second.
+    rate: u64,
     /// The TCP_NOTSENT_LOWAT in force, 0 for none.
     set: u64,
 }
 
 impl TimedQueue {
     fn new(sock: &TcpStream, deadline: Instant) -> TimedQueue {
+        let now = Instant::now();
+        let start = (now, sockopt::bytes_acked(sock).unwrap_or(0));
+        // A paced stream (`--rate`: SO_MAX_PACING_RATE is its share) never
+        // goes faster than that share.
+        let unmeasured = match sockopt::max_pacing_rate(sock) {
+            Some(rate) => timed_queue_cap(rate, TIMED_QUEUE, u64::MAX, TIMED_QUEUE_MEASURED_FLOOR)
+                .min(TIMED_QUEUE_FLOOR),
+            None => TIMED_QUEUE_FLOOR,
+        };
         TimedQueue {
             deadline,
-            next: Instant::now(),
-            measured_from: sockopt::delivery(sock).map(|(_, acked)| acked + TIMED_QUEUE_MEASURED),
+            next: now,
+            started: start,
+            window: start,
+            unmeasured,
+            rate: 0,
             set: 0,
         }
     }
 
     /// Follows the delivery rate, every [`TIMED_QUEUE_EVERY`] at most. Until
-    /// the peer has acknowledged [`TIMED_QUEUE_MEASURED`] of the stream's
-    /// data the cap is [`TIMED_QUEUE_FLOOR`], looked at again every turn: a
-    /// stream must not fill its whole buffer before it knows what its path
-    /// carries. A socket that refuses the option (it is failing; its next
-    /// send says why) is left as it is.
+    /// the stream is measured the cap is [`TIMED_QUEUE_FLOOR`] (or half a
+    /// second of its `--rate` share, if less), looked at
+    /// again every turn: a stream must not fill its whole buffer before it
+    /// knows what its path carries. A socket that refuses the option (it is
+    /// failing; its next send says why) is left as it is.
     fn follow(&mut self, sock: &TcpStream) {
-        let now = Instant::now();
+        self.follow_at(sock, Instant::now());
+    }
+
+    fn follow_at(&mut self, sock: &TcpStream, now: Instant) {
         if now < self.next {
             return;
         }
-        let rate = sockopt::delivery(sock)
-            .filter(|(rate, acked)| *rate > 0 && Some(*acked) >= self.measured_from)
-            .map(|(rate, _)| rate);
+        let Some(acked) = sockopt::bytes_acked(sock) else {
+            return;
+        };
+        let (start, start_acked) = self.started;
+        let measured = acked.saturating_sub(start_acked) >= TIMED_QUEUE_MEASURED
+            || now.saturating_duration_since(start) >= TIMED_QUEUE_MEASURED_AFTER;
         // Read each time: the kernel grows the buffer of a socket whose
         // size was not set (autotuning).
         let sndbuf = sockopt::sndbuf(sock).unwrap_or(usize::MAX) as u64;
-        let want = match rate {
-            Some(rate) => {
-                self.next = now + TIMED_QUEUE_EVERY;
-                timed_queue_cap(rate, self.deadline.saturating_duration_since(now), sndbuf)
-            }
-            None => timed_queue_cap(0, TIMED_QUEUE, sndbuf),
+        let want = if measured {
+            let (from, from_acked) = self.window;
+            let span = now.saturating_duration_since(from).as_secs_f64();
+            let rate = if span > 0.0 {
+                (acked.saturating_sub(from_acked) as f64 / span) as u64
+            } else {
+                0
+            };
+            // A dip of one window (BBR's ProbeRTT drains the pipe for
+            // 200 ms every 10 s) must not shrink the queue the stream
+            // needs right after it: the rate is the best window's,
+            // fading by a fifth a window.
+            self.rate = rate.max(self.rate - self.rate / 5);
+            self.window = (now, acked);
+            self.next = now + TIMED_QUEUE_EVERY;
+            timed_queue_cap(
+                self.rate,
+                self.deadline.saturating_duration_since(now),
+                sndbuf,
+                TIMED_QUEUE_MEASURED_FLOOR,
+            )
+        } else {
+            timed_queue_cap(0, TIMED_QUEUE, sndbuf, self.unmeasured)
         };
         // Only a real change is worth a system call.
         let worth = want != self.set
@@ -240,14 +299,24 @@ impl TimedQueue {
             self.set = want;
         }
     }
+
+    /// Unsent bytes the socket may still take under the cap in force
+    /// (`None`: no cap, or the socket cannot say).
+    fn room(&self, sock: &TcpStream) -> Option<usize> {
+        if self.set == 0 {
+            return None;
+        }
+        let queued = sockopt::notsent(sock)?;
+        Some(self.set.saturating_sub(queued) as usize)
+    }
 }
 
 /// The TCP_NOTSENT_LOWAT for a stream delivering `rate` bytes a second
-/// with `left` to its deadline and a `sndbuf`-byte send buffer: 0 (none)
-/// when the cap would not be below the buffer.
-fn timed_queue_cap(rate: u64, left: Duration, sndbuf: u64) -> u64 {
+/// with `left` to its deadline and a `sndbuf`-byte send buffer, never
+/// below `floor`: 0 (none) when the cap would not be below the buffer.
+fn timed_queue_cap(rate: u64, left: Duration, sndbuf: u64, floor: u64) -> u64 {
     let horizon = TIMED_QUEUE.min(left).as_secs_f64();
-    let want = ((rate as f64 * horizon) as u64).max(TIMED_QUEUE_FLOOR);
+    let want = ((rate as f64 * horizon) as u64).max(floor);
     if want >= sndbuf {
         0
     } else {
@@ -284,6 +353,7 @@ impl StreamTask {
                 Phase::Sending(source, budget) => {
                     if let Some(q) = &mut self.timed_queue {
                         q.follow(sock);
+                        budget.set_queue_room(q.room(sock));
                     }
                     let p = source.send(&io, budget)?;
                     if p != Progress::Done {
@@ -417,23 +487,70 @@ mod tests {
     fn a_timed_stream_queues_half_a_second_of_its_rate_and_less_near_its_end() {
         let sndbuf = 4 << 20;
         let far = Duration::from_secs(10);
+        let floor = TIMED_QUEUE_MEASURED_FLOOR;
         // 35 streams sharing 100 Mb/s: 357 kB/s each, half a second queued.
-        assert_eq!(timed_queue_cap(357_000, far, sndbuf), 178_500);
+        assert_eq!(timed_queue_cap(357_000, far, sndbuf, floor), 178_500);
         // What is left of the last half second, no more.
         assert_eq!(
-            timed_queue_cap(2_000_000, Duration::from_millis(200), sndbuf),
+            timed_queue_cap(2_000_000, Duration::from_millis(200), sndbuf, floor),
             400_000
         );
         // Never below the floor, even at the deadline or before any rate.
-        assert_eq!(timed_queue_cap(10_000, far, sndbuf), TIMED_QUEUE_FLOOR);
+        assert_eq!(timed_queue_cap(10_000, far, sndbuf, floor), floor);
         assert_eq!(
-            timed_queue_cap(2_000_000, Duration::ZERO, sndbuf),
+            timed_queue_cap(2_000_000, Duration::ZERO, sndbuf, floor),
+            floor
+        );
+        assert_eq!(
+            timed_queue_cap(0, TIMED_QUEUE, sndbuf, TIMED_QUEUE_FLOOR),
             TIMED_QUEUE_FLOOR
         );
-        assert_eq!(timed_queue_cap(0, TIMED_QUEUE, sndbuf), TIMED_QUEUE_FLOOR);
+        // 1024 streams sharing 100 Mb/s: 12 kB/s each, 6 kB would do; the
+        // floor is what all of them leave at the deadline, 8 MiB in all.
+        assert_eq!(timed_queue_cap(12_200, far, sndbuf, floor), 8 << 10);
         // A cap as large as the buffer is none (loopback, LANs).
-        assert_eq!(timed_queue_cap(8_400_000, far, sndbuf), 0);
-        assert_eq!(timed_queue_cap(100_000_000, far, sndbuf), 0);
+        assert_eq!(timed_queue_cap(8_400_000, far, sndbuf, floor), 0);
+        assert_eq!(timed_queue_cap(100_000_000, far, sndbuf, floor), 0);
+    }
+
+    #[test]
+    fn a_slow_stream_is_measured_after_a_second_by_what_its_peer_acknowledged() {
+        let (sock, peer) = longhaul_testkit::loopback_pair();
+        sockopt::set_buffers(&sock, 2 << 20).unwrap();
+        let t0 = Instant::now();
+        let mut q = TimedQueue::new(&sock, t0 + Duration::from_secs(60));
+        // 40 kB, well under the 256 KiB that would measure it: the peer's
+        // kernel acknowledges them (nobody needs to read them).
+        std::io::Write::write_all(&mut &sock, &[1u8; 40_000]).unwrap();
+        wait_acked(&sock, 40_000);
+        // Not measured yet: the floor of an unknown path.
+        q.follow_at(&sock, t0 + Duration::from_millis(900));
+        assert_eq!(q.set, TIMED_QUEUE_FLOOR);
+        // After a second: 40 kB in 1.6 s is 25 kB/s, half a second of it.
+        q.follow_at(&sock, t0 + Duration::from_millis(1600));
+        assert_eq!(q.set, 12_500);
+        assert_eq!(notsent_lowat(&sock), 12_500);
+        // Looked at again only after TIMED_QUEUE_EVERY...
+        q.follow_at(&sock, t0 + Duration::from_millis(1700));
+        assert_eq!(q.set, 12_500);
+        // ...then over that window alone: nothing acknowledged in it, so
+        // the faster window's rate, a fifth less (20 kB/s)...
+        q.follow_at(&sock, t0 + Duration::from_millis(1800));
+        assert_eq!(q.set, 10_000);
+        // ...and less each empty window, down to the floor of a measured
+        // stream (16 kB/s would be 8 kB).
+        q.follow_at(&sock, t0 + Duration::from_millis(2000));
+        assert_eq!(q.set, TIMED_QUEUE_MEASURED_FLOOR);
+        assert_eq!(notsent_lowat(&sock), TIMED_QUEUE_MEASURED_FLOOR as i32);
+        drop(peer);
+    }
+
+    fn wait_acked(sock: &TcpStream, bytes: u64) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while sockopt::bytes_acked(sock).unwrap() < bytes {
+            assert!(Instant::now() < until, "{bytes} bytes never acknowledged");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]

@@ -291,6 +291,7 @@ impl Source for MemorySource {
                 Grant::Send(n) => n,
                 Grant::WaitUntil(t) => return Ok(Progress::at(t)),
                 Grant::Done => return Ok(Progress::Done),
+                Grant::Full => return Ok(budget.until_writable()),
             };
             // write/zerocopy always send the head of the pattern, which stays
             // cache-hot; sendfile walks the memfd (its pages are referenced,

@@ -290,6 +290,7 @@ impl MessageSource {
                 Grant::Send(n) => n,
                 Grant::WaitUntil(t) => return Ok(Progress::at(t)),
                 Grant::Done => return Ok(Progress::Done),
+                Grant::Full => return Ok(budget.until_writable()),
             };
             if self.written == 0 {
                 self.since = Instant::now();
