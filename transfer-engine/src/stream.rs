@@ -201,10 +201,10 @@ const TIMED_QUEUE_EVERY: Duration = Duration::from_millis(200);
 /// The delivery rate is the stream's own: the bytes the peer acknowledged
 /// over the last look's [`TIMED_QUEUE_EVERY`] (over the whole stream for
 /// the first look), or a faster window's, fading by a fifth a look. The
-/// kernel's tcpi_delivery_rate is one sample of the
-/// last round trip; a stream sharing a bottleneck with many others sees
-/// samples up to the whole path's rate, which lifted the caps of 128
-/// streams through 100 Mb/s to 20 MB in all (1.6 s of the path).
+/// kernel's tcpi_delivery_rate is one sample of the last round trip; a
+/// stream sharing a bottleneck with many others sees samples up to the
+/// whole path's rate, which lifted the caps of 128 streams through
+/// 100 Mb/s to 20 MB in all (1.6 s of the path).
 struct TimedQueue {
     deadline: Instant,
     next: Instant,
@@ -225,7 +225,11 @@ struct TimedQueue {
 
 impl TimedQueue {
     fn new(sock: &TcpStream, deadline: Instant) -> TimedQueue {
-        let now = Instant::now();
+        TimedQueue::new_at(sock, deadline, Instant::now())
+    }
+
+    /// As [`Self::new`], the stream starting at `now`.
+    fn new_at(sock: &TcpStream, deadline: Instant, now: Instant) -> TimedQueue {
         let start = (now, sockopt::bytes_acked(sock).unwrap_or(0));
         // A paced stream (`--rate`: SO_MAX_PACING_RATE is its share) never
         // goes faster than that share.
@@ -247,10 +251,10 @@ impl TimedQueue {
 
     /// Follows the delivery rate, every [`TIMED_QUEUE_EVERY`] at most. Until
     /// the stream is measured the cap is [`TIMED_QUEUE_FLOOR`] (or half a
-    /// second of its `--rate` share, if less), looked at
-    /// again every turn: a stream must not fill its whole buffer before it
-    /// knows what its path carries. A socket that refuses the option (it is
-    /// failing; its next send says why) is left as it is.
+    /// second of its `--rate` share, if less), looked at again every turn:
+    /// a stream must not fill its whole buffer before it knows what its
+    /// path carries. A socket that refuses the option (it is failing; its
+    /// next send says why) is left as it is.
     fn follow(&mut self, sock: &TcpStream) {
         self.follow_at(sock, Instant::now());
     }
@@ -518,7 +522,7 @@ mod tests {
         let (sock, peer) = longhaul_testkit::loopback_pair();
         sockopt::set_buffers(&sock, 2 << 20).unwrap();
         let t0 = Instant::now();
-        let mut q = TimedQueue::new(&sock, t0 + Duration::from_secs(60));
+        let mut q = TimedQueue::new_at(&sock, t0 + Duration::from_secs(60), t0);
         // 40 kB, well under the 256 KiB that would measure it: the peer's
         // kernel acknowledges them (nobody needs to read them).
         std::io::Write::write_all(&mut &sock, &[1u8; 40_000]).unwrap();
