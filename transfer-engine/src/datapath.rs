@@ -431,6 +431,28 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_room_caps_grants_and_says_full_when_spent() {
+        let mut b = SendBudget::new(
+            Limit::Bytes(1 << 30),
+            None,
+            Arc::new(AtomicBool::new(false)),
+        );
+        assert_eq!(b.grant(0, 1 << 20), Grant::Send(1 << 20));
+        b.set_queue_room(Some(5000));
+        assert_eq!(b.grant(0, 1 << 20), Grant::Send(5000));
+        b.spent(3000);
+        assert_eq!(b.grant(3000, 1 << 20), Grant::Send(2000));
+        b.spent(2000);
+        assert_eq!(b.grant(5000, 1 << 20), Grant::Full);
+        // The limit still ends the stream first.
+        let mut done = SendBudget::new(Limit::Bytes(10), None, Arc::new(AtomicBool::new(false)));
+        done.set_queue_room(Some(0));
+        assert_eq!(done.grant(10, 100), Grant::Done);
+        b.set_queue_room(None);
+        assert_eq!(b.grant(5000, 1 << 20), Grant::Send(1 << 20));
+    }
+
+    #[test]
     fn a_fast_stream_is_batched_and_a_slowed_one_is_still_seen_promptly() {
         const TRICKLE: usize = 1000;
         const TRICKLES: usize = 50;

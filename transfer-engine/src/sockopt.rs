@@ -410,4 +410,38 @@ mod tests {
             "the receiver sent no data"
         );
     }
+
+    #[test]
+    fn the_pacing_rate_reads_back_and_unlimited_is_none() {
+        let (c, _s) = longhaul_testkit::loopback_pair();
+        assert_eq!(max_pacing_rate(&c), None);
+        set_max_pacing_rate(&c, 11_250).unwrap();
+        assert_eq!(max_pacing_rate(&c), Some(11_250));
+    }
+
+    #[test]
+    fn unsent_bytes_are_what_the_peer_has_no_window_for() {
+        use std::io::Write;
+        let (mut c, s) = longhaul_testkit::loopback_pair();
+        set_buffers(&c, 1 << 20).unwrap();
+        set_buffers(&s, 64 << 10).unwrap();
+        assert_eq!(notsent(&c), Some(0));
+        // The peer never reads: once its window is full, whatever the
+        // sender still takes stays unsent.
+        c.set_nonblocking(true).unwrap();
+        let chunk = vec![1u8; 64 << 10];
+        let mut written = 0u64;
+        while let Ok(n) = c.write(&chunk) {
+            written += n as u64;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let unsent = notsent(&c).unwrap();
+        let acked = tcp_info(&c).unwrap().bytes_acked;
+        assert!(unsent > 0 && unsent < written, "{unsent} of {written}");
+        // tcpi_bytes_acked counts the SYN too.
+        assert!(
+            unsent + acked <= written + 1,
+            "{unsent} + {acked} of {written}"
+        );
+    }
 }
