@@ -123,7 +123,7 @@ def test_a_timed_run_through_a_slow_bottleneck_ends_on_time(bottleneck, reverse,
 
 
 # 1024 streams through the 100 Mb/s bottleneck, paced to 90 Mb/s in all:
-# each stream's share is 11 kB/s, under a 64 KiB chunk a second.
+# each stream's share is 11 kB/s.
 MANY = 1024
 PACED_MBIT = 90
 
@@ -131,10 +131,10 @@ PACED_MBIT = 90
 @pytest.mark.parametrize("reverse", [False, True], ids=["client sends", "server sends"])
 def test_1024_paced_streams_share_a_slow_bottleneck_evenly_and_end_on_time(
         bottleneck, reverse, tmp_path):
-    # Each stream's share is a 64th of the chunk the pacer used to hand out
-    # (10 ms of the whole rate), and every socket queued what it was given:
-    # the last streams started seconds late, 338 of 1024 moved nothing in
-    # 4 s, and the run ended at 9.3 s at 39 Mb/s.
+    # Before the pacer's chunk followed a stream's share, each stream was
+    # handed 64 KiB at a time, 6 s of its share, and queued all of it: the
+    # last streams started seconds late, up to 338 of 1024 moved nothing in
+    # 4 s, and the run ended after 9.0-11.3 s at 32-40 Mb/s.
     hostile.raise_open_files_limit()
     summary, took = timed_run(
         bottleneck, tmp_path,
