@@ -40,24 +40,33 @@ fn setsockopt<T>(sock: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::
     }
 }
 
-pub(crate) fn getsockopt_int(sock: &impl AsRawFd, level: i32, name: i32) -> std::io::Result<i32> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: value/len describe a c_int owned by this frame.
+/// getsockopt(2) into a `T`: the value and the length the kernel wrote.
+fn getsockopt<T: Default>(
+    sock: &impl AsRawFd,
+    level: i32,
+    name: i32,
+) -> std::io::Result<(T, usize)> {
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: value/len describe a T owned by this frame.
     let rc = unsafe {
         libc::getsockopt(
             sock.as_raw_fd(),
             level,
             name,
-            (&mut value as *mut libc::c_int).cast(),
+            (&mut value as *mut T).cast(),
             &mut len,
         )
     };
     if rc == 0 {
-        Ok(value)
+        Ok((value, len as usize))
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+pub(crate) fn getsockopt_int(sock: &impl AsRawFd, level: i32, name: i32) -> std::io::Result<i32> {
+    getsockopt::<libc::c_int>(sock, level, name).map(|(v, _)| v)
 }
 
 /// Sets SO_SNDBUF and SO_RCVBUF to `bytes`. Returns a warning when the kernel
@@ -270,26 +279,15 @@ pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
 /// SO_MAX_PACING_RATE in bytes per second, `None` when unlimited (the
 /// default) or unknown.
 pub fn max_pacing_rate(sock: &impl AsRawFd) -> Option<u64> {
-    let mut value: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: value/len describe a u64 owned by this frame; the kernel
-    // writes the 64-bit rate when given 8 bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_MAX_PACING_RATE,
-            (&mut value as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    let unlimited = if len as usize == std::mem::size_of::<u64>() {
+    // The kernel writes the 64-bit rate when given 8 bytes, else 32 bits.
+    let (value, len) = getsockopt::<u64>(sock, libc::SOL_SOCKET, SO_MAX_PACING_RATE).ok()?;
+    let unlimited = if len == std::mem::size_of::<u64>() {
         u64::MAX
     } else {
         u64::from(u32::MAX)
     };
     let value = value & unlimited;
-    (rc == 0 && value != unlimited).then_some(value)
+    (value != unlimited).then_some(value)
 }
 
 /// The bytes a socket holds that it has not sent yet (SIOCOUTQNSD):
