@@ -215,10 +215,14 @@ def test_iperf3_client_omits_the_first_seconds(server, reverse):
         # sums would be 1.5x this.
         assert abs(end[key]["seconds"] - OMIT_TIME_S) < 0.2, (key, end[key])
         assert 0.9 * want <= end[key]["bytes"] <= 1.1 * want, (key, end[key]["bytes"], want)
-    # The two ends stop counting the omitted seconds at their own instants:
-    # at this rate they agree within 1 %.
+    # The two ends stop counting the omitted seconds at their own instants,
+    # each on its own timer, and the receiver also counts what sat in its
+    # socket buffer then. Idle, they agree within a block (0.26 %); with the
+    # CPUs busy they differed by up to 0.56 % here and by 1.05 % (4 blocks,
+    # 21 ms at this rate) once in CI. 3 % is 60 ms; an end that counted the
+    # omitted second would be off by 50 %.
     sent, received = end["sum_sent"]["bytes"], end["sum_received"]["bytes"]
-    assert abs(sent - received) <= sent / 100, (sent, received)
+    assert abs(sent - received) <= 0.03 * sent, (sent, received)
 
 
 def test_unsupported_option_is_refused_with_iperf3s_error(server):
