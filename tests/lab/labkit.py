@@ -22,7 +22,6 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # tests/: the dashboard checks shared with the other suites
 
 LAB = REPO / "lab"
-INVENTORY = REPO / "ansible" / "inventories" / "lab"
 SITE = REPO / "ansible" / "site.yml"
 # The monitor's settings the tests derive their timings from (scrape
 # interval, Grafana's data source intervals): lab/inventory/group_vars/monitoring.
@@ -49,7 +48,7 @@ RECAP = re.compile(
 
 def transfer_hosts():
     """{host: its inventory variables} of the lab's transfer hosts, as lab/up
-    wrote them into ansible/inventories/lab/hosts.yml."""
+    wrote them into INVENTORY/hosts.yml."""
     inventory = yaml.safe_load((INVENTORY / "hosts.yml").read_text())
     return inventory["all"]["children"]["transfer_hosts"]["hosts"]
 
@@ -63,6 +62,12 @@ def lab_env():
         check=True,
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+# What lab/up generated for the lab LAB_ID picks: its inventory and its secrets.
+_GENERATED = lab_env()
+INVENTORY = REPO / _GENERATED["LAB_INVENTORY"]
+STATE = REPO / _GENERATED["LAB_STATE"]
 
 
 def rate_bps(rate):
@@ -137,8 +142,8 @@ class Lab:
 
     @staticmethod
     def secret(name):
-        """A secret lab/up generated (lab/.state/NAME), e.g. influxdb-grafana-password."""
-        return (LAB / ".state" / name).read_text().strip()
+        """A secret lab/up generated (STATE/NAME), e.g. influxdb-grafana-password."""
+        return (STATE / name).read_text().strip()
 
     # --- processes -----------------------------------------------------------
     def container(self, host):

@@ -22,7 +22,7 @@ import subprocess
 import urllib.error
 
 import pytest
-from labkit import LAB, REPO, Lab, frame_values, grafana_api, transfer_hosts, wait_until
+from labkit import INVENTORY, LAB, REPO, Lab, frame_values, grafana_api, transfer_hosts, wait_until
 
 import helpers
 
@@ -95,7 +95,7 @@ def empty_stack(provisioned):
 @pytest.fixture(scope="module")
 def stack(provisioned):
     lab = provisioned
-    with compose_stack(PROJECT, REPO / "ansible" / "inventories" / "lab", grafana=True) as urls:
+    with compose_stack(PROJECT, INVENTORY, grafana=True) as urls:
         # The lab's hosts are on its two networks: let the stack reach them.
         for service in ("prometheus", "telegraf"):
             container = compose("ps", "-q", service).stdout.strip()
