@@ -429,7 +429,8 @@ impl Feed {
                     Grant::Send(n) => n,
                     Grant::WaitUntil(t) => return Ok(Progress::at(t)),
                     Grant::Done => return Err(io::Error::other("session stopped")),
-                    // Only `grant` caps the queue; disk sends are paced only.
+                    // Never from `pace`: only `grant` applies a `--time` queue
+                    // cap, and disk mode has no `--time`. Waits as on a full socket.
                     Grant::Full => return Ok(budget.until_writable()),
                 };
                 let (wrote, payload) = out.write_to(io.sock, allowed)?;
