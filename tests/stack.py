@@ -47,14 +47,15 @@ SNMP_MEASUREMENT = "interface"
 SNMP_INTERFACES = ["lo", "eth0"]
 
 RENDER = helpers.REPO / "lab" / "compose" / "render.yml"
-VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
+CACHE = Path(os.environ.get("LONGHAUL_CACHE") or "/var/cache/longhaul")
+VENV_BIN = CACHE / "venv" / "bin"
 PROMETHEUS = "/usr/bin/prometheus"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 INFLUXD = "/usr/bin/influxd"
 SNMPD = "/usr/sbin/snmpd"
 TELEGRAF = (
     os.environ.get("LONGHAUL_TELEGRAF", "/usr/local/bin/telegraf"),
-    "/var/cache/longhaul/go/bin/telegraf",
+    str(CACHE / "go" / "bin" / "telegraf"),
     "telegraf",
 )
 
