@@ -57,6 +57,11 @@ pub const DEFAULT_BUFFER: u64 = 2 << 20;
 /// Default duration of a memory-to-memory run, as iperf3.
 pub const DEFAULT_SECONDS: f64 = 10.0;
 
+/// Longest `--time` (365 days). A bound, not a policy: the run's end instant
+/// (start + seconds) must fit an `Instant`, and a peer's request must not be
+/// able to panic the session's thread with 1e19 s.
+pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
 // Admission of new connections on the control port and the iperf3 port
 // (docs/threat-model.md explains each value).
 

@@ -21,7 +21,7 @@ use crate::cpu::CpuSnapshot;
 use crate::datapath::{DataPlane, Limit, SendBudget};
 use crate::error::{Error, Result};
 use crate::limits::{
-    DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT, MAX_BUFFER, MAX_STREAMS, SHUTDOWN_TIMEOUT,
+    DATA_IDLE_TIMEOUT, DATA_SOCKET_TIMEOUT, MAX_BUFFER, MAX_SECONDS, MAX_STREAMS, SHUTDOWN_TIMEOUT,
     WATCHDOG_PERIOD,
 };
 use crate::messages::{
@@ -113,12 +113,21 @@ pub fn validate(req: &SessionRequest) -> Result<()> {
     }
     match (req.bytes, req.seconds) {
         (Some(_), None) => {}
-        (None, Some(s)) if s > 0.0 && s.is_finite() => {}
+        (None, Some(s)) if s > 0.0 && s <= MAX_SECONDS => {}
+        (None, Some(s)) => {
+            return Err(Error::Usage(format!(
+                "--time must be more than 0 and at most {} days, got {s} s",
+                MAX_SECONDS / 86_400.0
+            )))
+        }
         _ => {
             return Err(Error::Usage(
                 "exactly one of --bytes or --time must be given".into(),
             ))
         }
+    }
+    if req.rate_bps == Some(0) {
+        return Err(Error::Usage("--rate must be more than 0".into()));
     }
     if let Some(cc) = &req.cc {
         sockopt::check_cc(cc)?;
@@ -685,5 +694,25 @@ mod tests {
         assert!(validate(&req(Direction::Send, 0, None)).is_err());
         assert!(validate(&req(Direction::Send, 1025, None)).is_err());
         assert!(validate(&req(Direction::Send, 1024, None)).is_ok());
+        // A peer's request must not reach Instant or Duration arithmetic that panics.
+        let with = |seconds: f64, rate_bps: Option<u64>| SessionRequest {
+            seconds: Some(seconds),
+            rate_bps,
+            ..req(Direction::Bidir, 4, None)
+        };
+        assert!(validate(&with(MAX_SECONDS, Some(1))).is_ok());
+        for (seconds, rate) in [
+            (MAX_SECONDS * 1.01, None),
+            (1e19, None),
+            (f64::MAX, None),
+            (f64::INFINITY, None),
+            (f64::NAN, None),
+            (0.0, None),
+            (-1.0, None),
+            (1.0, Some(0)),
+        ] {
+            let err = validate(&with(seconds, rate)).unwrap_err();
+            assert!(matches!(err, Error::Usage(_)), "{seconds} {rate:?}: {err}");
+        }
     }
 }
