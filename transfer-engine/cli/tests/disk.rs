@@ -340,6 +340,78 @@ fn resume_after_receiver_kill_sends_less() {
     assert_eq!(j["bytes"], 0, "{j}");
 }
 
+/// Threads of process `pid` named `name` (their `comm`).
+fn threads_named(pid: u32, name: &str) -> usize {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+#[test]
+fn a_killed_pushing_client_leaves_no_writer_behind() {
+    let t = Scratch::new("killed-pusher");
+    let top = t.0.join("src");
+    fs::create_dir_all(&top).unwrap();
+    let data = pattern(48 * MIB as usize + 5, 7);
+    fs::write(top.join("big.bin"), &data).unwrap();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let writers = || threads_named(server.pid(), "lh-disk-write");
+    // 100 Mb/s: the 48 MiB take ~4 s; the client dies a second into them.
+    let mut first = spawn_send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--rate",
+        "100M",
+        top.to_str().unwrap(),
+    ]);
+    let end = Instant::now() + Duration::from_secs(20);
+    while writers() == 0 {
+        assert!(Instant::now() < end, "the server started no disk writer");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    // The session fails on the server: its writers end (before, they waited
+    // for more work forever, holding the buffer pool and the open file), and
+    // save what arrived for resume first.
+    let end = Instant::now() + Duration::from_secs(15);
+    while writers() > 0 {
+        assert!(
+            Instant::now() < end,
+            "{} disk writer thread(s) outlived the failed session",
+            writers()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let state = root.join("src/.big.bin.longhaul-state");
+    let saved: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&state).expect("a resume sidecar")).unwrap();
+    assert!(saved["verified"].as_u64().unwrap() > 0, "{saved}");
+    // The next run resumes from there and completes the file.
+    let second = send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "3",
+        "--json",
+        top.to_str().unwrap(),
+    ]);
+    assert_eq!(second.code, Some(0), "stderr: {}", second.stderr);
+    let j = second.json();
+    assert_eq!(j["files"]["resumed"], 1, "{j}");
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert!(fs::read(root.join("src/big.bin")).unwrap() == data);
+}
+
 /// A tmpfs mounted for one test, unmounted on drop.
 struct Mount(PathBuf);
 

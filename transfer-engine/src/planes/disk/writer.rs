@@ -106,13 +106,17 @@ struct Shared {
     totals: Mutex<Totals>,
     written: AtomicU64,
     direct: bool,
+    /// This session's claims on its destination files: released when the
+    /// last writer has ended (the writers hold `Shared`), not before, so no
+    /// other session writes a file this one still has writes queued for.
+    _claims: Option<ClaimSet>,
 }
 
 /// The running receiver pipeline; share it (Arc) with every data stream.
+/// Dropped without [`Self::finish`] (a failed session), it still stops its
+/// writers: they finish the writes in flight, save resume sidecars and end.
 pub struct ReceivePipeline {
     shared: Arc<Shared>,
-    /// This session's claims on its destination files, released with it.
-    _claims: Option<ClaimSet>,
     /// One per writer worker.
     queues: Vec<Arc<WorkQueue>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
@@ -265,6 +269,7 @@ impl ReceivePipeline {
             totals: Mutex::new(totals),
             written: AtomicU64::new(0),
             direct: opts.direct,
+            _claims: claims,
         });
         let mut queues = Vec::new();
         let mut handles = Vec::new();
@@ -289,7 +294,6 @@ impl ReceivePipeline {
         }
         let pipe = ReceivePipeline {
             shared,
-            _claims: claims,
             queues,
             workers: Mutex::new(handles),
             dirs,
@@ -388,6 +392,17 @@ impl ReceivePipeline {
             written_bytes: self.written_bytes(),
             failures: t.failures.clone(),
             devices: snapshot(&self.shared.groups),
+        }
+    }
+}
+
+impl Drop for ReceivePipeline {
+    /// A session that failed never calls `finish`: close the queues so each
+    /// writer drains, saves what arrived for resume and ends (no join: a
+    /// slow disk must not hold the thread that drops the last stream).
+    fn drop(&mut self) {
+        for q in &self.queues {
+            q.close();
         }
     }
 }
