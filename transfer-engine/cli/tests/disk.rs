@@ -340,6 +340,34 @@ fn resume_after_receiver_kill_sends_less() {
     assert_eq!(j["bytes"], 0, "{j}");
 }
 
+#[test]
+fn leftover_temporary_files_are_not_sent() {
+    // A tree that holds what an interrupted transfer into it left behind.
+    let t = Scratch::new("leftovers");
+    let top = t.0.join("src/data");
+    fs::create_dir_all(&top).unwrap();
+    let data = pattern(3 * MIB as usize + 7, 11);
+    fs::write(top.join("big"), &data).unwrap();
+    fs::write(top.join(".big.longhaul-part"), &data[..MIB as usize]).unwrap();
+    fs::write(top.join(".big.longhaul-state"), b"{\"verified\": 1048576}").unwrap();
+    fs::write(top.join(".big.longhaul-state.tmp"), b"{").unwrap();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let out = send(&["--to", &server.addr(), "--json", top.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains(".big.longhaul-part (a temporary file"),
+        "{}",
+        out.stderr
+    );
+    let j = out.json();
+    assert_eq!(j["files"]["count"], 1, "{j}");
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert!(fs::read(root.join("data/big")).unwrap() == data);
+    assert_eq!(walk_names(&root.join("data")), ["big"]);
+}
+
 /// Threads of process `pid` named `name` (their `comm`).
 fn threads_named(pid: u32, name: &str) -> usize {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -599,6 +627,11 @@ fn crafted_manifests_escaping_the_root_are_refused() {
         "nul\0byte",
         "a//b",
         "",
+        // longhaul's own temporary names: their writers would truncate,
+        // rename or delete them under another file's "verified".
+        ".fine.longhaul-part",
+        "d/.f.longhaul-state",
+        ".x.longhaul-state.tmp/y",
     ];
     let mut paths = vec!["fine/file"];
     paths.extend(evil.iter().copied());

@@ -38,6 +38,21 @@ fn hidden(name: &str, suffix: &str) -> String {
     }
 }
 
+/// Whether `name` is one that [`part_name`], [`state_name`] or a sidecar's
+/// temporary copy can produce. The receiver refuses such names in a
+/// manifest (a file named like another's temporary file would be
+/// truncated, renamed or deleted by that file's writer), and the walk skips
+/// them: they are what an unfinished transfer left behind.
+pub fn is_internal(name: &str) -> bool {
+    name.starts_with('.')
+        && [PART_SUFFIX, STATE_SUFFIX].iter().any(|suffix| {
+            name.ends_with(suffix)
+                || name
+                    .strip_suffix(".tmp")
+                    .is_some_and(|n| n.ends_with(suffix))
+        })
+}
+
 /// Temporary name of `name` while it is being written.
 pub fn part_name(name: &str) -> String {
     hidden(name, PART_SUFFIX)
@@ -196,6 +211,26 @@ pub fn content_checksum(file: &std::fs::File, size: u64) -> io::Result<u64> {
 mod tests {
     use super::super::safepath::Root;
     use super::*;
+
+    #[test]
+    fn every_name_longhaul_writes_on_the_side_is_internal_and_no_other() {
+        let long = "x".repeat(250);
+        for name in ["f", "big.bin", ".hidden", long.as_str()] {
+            for own in [part_name(name), state_name(name), state_tmp_name(name)] {
+                assert!(is_internal(&own), "{own}");
+            }
+            assert!(!is_internal(name), "{name}");
+        }
+        for other in [
+            "f.longhaul-part",
+            ".f.longhaul-partial",
+            ".f.longhaul-state.bak",
+            ".f.tmp",
+            "longhaul-state",
+        ] {
+            assert!(!is_internal(other), "{other}");
+        }
+    }
 
     fn entry(size: u64) -> ManifestEntry {
         ManifestEntry {

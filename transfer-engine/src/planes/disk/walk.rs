@@ -135,6 +135,16 @@ pub fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
                 for de in fs::read_dir(&src).map_err(|e| io_err(&src, e))? {
                     let de = de.map_err(|e| io_err(&src, e))?;
                     let cpath = de.path();
+                    let cname = utf8_name(&cpath, &de.file_name())?;
+                    // Before its metadata: such a file may be renamed away
+                    // by the transfer writing it.
+                    if super::partial::is_internal(&cname) {
+                        out.warnings.push(format!(
+                            "skipped {} (a temporary file of an unfinished longhaul transfer)",
+                            cpath.display()
+                        ));
+                        continue;
+                    }
                     let cmd = if follow_symlinks {
                         fs::metadata(&cpath)
                     } else {
@@ -149,7 +159,6 @@ pub fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
                         }
                         Err(e) => return Err(io_err(&cpath, e)),
                     };
-                    let cname = utf8_name(&cpath, &de.file_name())?;
                     children.push((format!("{rel}/{cname}"), cpath, cmd));
                 }
                 // Reverse name order on the stack pops in name order.

@@ -177,6 +177,14 @@ impl ReceivePipeline {
             let path = safepath::join(&manifest.dest, &e.path);
             let planned = (|| -> Result<Option<Expect>, DiskError> {
                 let comps = safepath::components(&path)?;
+                if let Some(c) = comps.iter().find(|c| partial::is_internal(c)) {
+                    return Err(DiskError::Refused {
+                        path: path.clone(),
+                        reason: format!(
+                            "'{c}' is a name longhaul keeps for its own temporary files"
+                        ),
+                    });
+                }
                 if e.dir {
                     root.open_dir(&comps, true, &path)?;
                     dirs.push((path.clone(), e.clone()));
