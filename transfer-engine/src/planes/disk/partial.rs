@@ -188,8 +188,12 @@ pub fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<
                 && state.matches(entry)
                 && st.st_size as u64 >= state.verified =>
         {
-            Ok(if state.verified > 0 {
-                Have::Partial(state.verified)
+            // Whole chunks only: the receiver re-reads a resumed prefix
+            // chunk by chunk, and a short last chunk (verified == size) would
+            // otherwise count as verified on the sidecar's word alone.
+            let whole = state.verified - state.verified % CHUNK_SIZE;
+            Ok(if whole > 0 {
+                Have::Partial(whole)
             } else {
                 Have::Nothing
             })

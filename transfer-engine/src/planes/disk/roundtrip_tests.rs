@@ -321,6 +321,45 @@ fn partial_file_resumes_from_verified_offset() {
 }
 
 #[test]
+fn a_resumed_short_last_chunk_is_sent_again_not_trusted() {
+    // A sidecar that says the whole file was written (saved when its final
+    // sync or rename failed), over a temporary file whose short last chunk
+    // never reached the disk.
+    let base = tmp("resume-tail");
+    let src = base.join("f");
+    let data = pattern(2 * CHUNK_SIZE as usize + 5000, 9);
+    fs::write(&src, &data).unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let mut on_disk = data.clone();
+    on_disk[2 * CHUNK_SIZE as usize..].fill(0);
+    fs::write(root.join(".f.longhaul-part"), &on_disk).unwrap();
+    let md = fs::metadata(&src).unwrap();
+    let st = super::partial::PartState {
+        size: md.len(),
+        mtime_sec: md.mtime(),
+        mtime_nsec: md.mtime_nsec() as u32,
+        chunk_size: CHUNK_SIZE,
+        verified: md.len(),
+    };
+    fs::write(
+        root.join(".f.longhaul-state"),
+        serde_json::to_string(&st).unwrap(),
+    )
+    .unwrap();
+    let out = transfer(
+        std::slice::from_ref(&src),
+        &root,
+        "",
+        &DiskOptions::default(),
+    );
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    assert_eq!(out.sent, 5000, "the short last chunk is sent again");
+    assert!(fs::read(root.join("f")).unwrap() == data);
+    fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
 fn escaping_manifest_paths_are_refused_and_nothing_lands_outside() {
     let base = tmp("escape");
     let root = base.join("root");
