@@ -206,9 +206,21 @@ pub fn send_loop(sock: &UdpSocket, plan: &SendPlan, counters: &DatagramStream) -
         }
         if let Some(p) = &pacer {
             let slot = p.reserve(buf.len());
-            let wait = slot.saturating_duration_since(Instant::now());
-            if !wait.is_zero() {
-                std::thread::sleep(wait);
+            // At a tiny rate the slot may be days away: wait in steps of
+            // [`POLL`], so stop (and the time limit) end the stream on time.
+            loop {
+                if plan.stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                let now = Instant::now();
+                if matches!(plan.limit, Limit::Until(t) if now >= t) {
+                    return Ok(());
+                }
+                let wait = slot.saturating_duration_since(now);
+                if wait.is_zero() {
+                    break;
+                }
+                std::thread::sleep(wait.min(POLL));
             }
         }
         seq += 1;
@@ -615,5 +627,38 @@ mod tests {
         stopper.store(true, Ordering::Relaxed);
         let s = receiver.join().unwrap();
         assert_eq!((s.datagrams, s.highest, s.lost), (100, 100, 0));
+    }
+
+    #[test]
+    fn a_sender_waiting_for_a_far_slot_stops_at_once() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect(rx.local_addr().unwrap()).unwrap();
+        // 1 bit/s: the second 65507-byte datagram is due in six days.
+        let plan = SendPlan {
+            block: 65_507,
+            wide: false,
+            rate_bps: 1,
+            limit: Limit::Until(Instant::now() + Duration::from_secs(3600)),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        let stop = plan.stop.clone();
+        let sent = Arc::new(DatagramStream::new(0, Role::Send));
+        let counters = sent.clone();
+        let (done_tx, done) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = send_loop(&tx, &plan, &counters);
+            // The socket is closed when the loop returns.
+            drop(tx);
+            let _ = done_tx.send(r.is_ok());
+        });
+        let first = Instant::now() + Duration::from_secs(5);
+        while sent.datagrams.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < first, "the first datagram was not sent");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(done.recv_timeout(Duration::from_secs(2)), Ok(true));
+        assert_eq!(sent.datagrams.load(Ordering::Relaxed), 1);
     }
 }
