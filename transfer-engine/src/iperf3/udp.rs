@@ -475,7 +475,10 @@ impl UdpPort {
             let Some(reply) = wire::udp_connect_reply(&buf[..n]) else {
                 continue;
             };
-            let client = canonical(from.ip());
+            // A dual-stack port hears IPv4 clients as IPv4-mapped; the
+            // stream's socket is IPv4 then (`local`), and so is its peer.
+            let from = SocketAddr::new(canonical(from.ip()), from.port());
+            let client = from.ip();
             let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
             let Some(w) = waiting.get_mut(&client) else {
                 continue;
@@ -660,5 +663,32 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         assert_eq!(done.recv_timeout(Duration::from_secs(2)), Ok(true));
         assert_eq!(sent.datagrams.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_dual_stack_port_opens_streams_for_ipv4_clients() {
+        let port = Arc::new(UdpPort::bind("[::]:0".parse().unwrap()).unwrap());
+        let v4 = SocketAddr::new(
+            "127.0.0.1".parse().unwrap(),
+            port.local_addr().unwrap().port(),
+        );
+        let runner = port.clone();
+        let said = Arc::new(Mutex::new(Vec::new()));
+        let log = said.clone();
+        std::thread::spawn(move || runner.run(&|line| log.lock().unwrap().push(line)));
+        // As the server registers an IPv4 client reaching [::]: both canonical.
+        let me: IpAddr = "127.0.0.1".parse().unwrap();
+        let exp = port.expect(me, me, 1).unwrap();
+        let client = connect_stream(v4, 0, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{e}; the port said {:?}", said.lock().unwrap()));
+        let stream = exp.streams.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), client.local_addr().unwrap());
+        client.send(b"data").unwrap();
+        let mut buf = [0u8; 16];
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let n = stream.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"data");
     }
 }
