@@ -459,10 +459,16 @@ fn test_phases(
         _ => Sockets::Tcp(open_tcp(stream, cookie, total, ctx, tx, events)?),
     };
     let congestion_used = configure(&sockets, params, &shape, &default_cc)?;
+    // `-t 0` runs until the client's TEST_END, within the server's longest
+    // test (as [`run_until_test_end`] bounds it).
+    let send_for = match params.time {
+        0 => ctx.opts.limits.max_duration,
+        t => Duration::from_secs(t + params.omit),
+    };
     let plan = Plan {
         shape: shape.clone(),
         side: Side::Server,
-        send_for: Duration::from_secs(params.time + params.omit) + SEND_GRACE,
+        send_for: send_for + SEND_GRACE,
         stream_rate_bps: params.bandwidth,
         block: params.block() as usize,
         wide: params.udp_counters_64bit,
@@ -1021,6 +1027,7 @@ fn summary(test: &TestStreams, params: &Params, counted: TestSeconds) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iperf3::results::{stream_id, StreamResult};
 
     #[test]
     fn a_test_s_sockets_run_its_congestion_control_or_the_machine_s() {
@@ -1056,6 +1063,85 @@ mod tests {
         // Old samples leave the window: only the last 5 s count.
         let r = w.add(t0 + Duration::from_secs(10), 5_000_000).unwrap();
         assert!(r < 1.0, "{r}");
+    }
+
+    fn read_state(s: &TcpStream) -> State {
+        let mut b = [0u8; 1];
+        std::io::Read::read_exact(&mut &*s, &mut b).unwrap();
+        State::from_byte(b[0]).unwrap()
+    }
+
+    #[test]
+    fn a_reverse_test_of_time_0_sends_until_the_client_ends_it() {
+        let server =
+            Iperf3Server::bind(Iperf3Options::new("127.0.0.1:0"), Arc::new(Registry::new()))
+                .unwrap();
+        let addr = server.local_addr();
+        server.spawn().unwrap();
+        // iperf3 -c -R -t 0 -b 8M, step by step.
+        let ctrl = TcpStream::connect(addr).unwrap();
+        ctrl.set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        let cookie = Cookie::random();
+        (&ctrl).write_all(&cookie.to_wire()).unwrap();
+        assert_eq!(read_state(&ctrl), State::ParamExchange);
+        let params = Params {
+            time: 0,
+            reverse: true,
+            bandwidth: 8_000_000,
+            ..Params::default()
+        };
+        control::send_json(&mut &ctrl, &params.to_json()).unwrap();
+        assert_eq!(read_state(&ctrl), State::CreateStreams);
+        let data = TcpStream::connect(addr).unwrap();
+        (&data).write_all(&cookie.to_wire()).unwrap();
+        assert_eq!(read_state(&ctrl), State::TestStart);
+        assert_eq!(read_state(&ctrl), State::TestRunning);
+        // Past the server's SEND_GRACE (5 s), data still arrives.
+        data.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let start = Instant::now();
+        let (mut total, mut late) = (0u64, 0u64);
+        let mut buf = vec![0u8; 1 << 16];
+        while start.elapsed() < Duration::from_secs(7) {
+            match std::io::Read::read(&mut &data, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    total += n as u64;
+                    if start.elapsed() >= SEND_GRACE + Duration::from_secs(1) {
+                        late += n as u64;
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => panic!("reading the data: {e}"),
+            }
+        }
+        assert!(late > 0, "nothing arrived after 6 s ({total} bytes before)");
+        // The client ends the test; the results are exchanged as usual.
+        control::send_state(&mut &ctrl, State::TestEnd).unwrap();
+        assert_eq!(read_state(&ctrl), State::ExchangeResults);
+        let ours = Results {
+            sender_has_retransmits: -1,
+            streams: vec![StreamResult {
+                id: stream_id(0),
+                bytes: total,
+                end_time: 7.0,
+                ..Default::default()
+            }],
+            ..Results::default()
+        };
+        control::send_json(&mut &ctrl, &ours.to_json()).unwrap();
+        let theirs = wire::read_json(&mut &ctrl, control::MAX_RESULTS_LEN).unwrap();
+        let theirs = Results::from_json(&theirs).unwrap();
+        assert!(theirs.streams[0].bytes >= total, "{theirs:?}");
+        assert_eq!(read_state(&ctrl), State::DisplayResults);
+        control::send_state(&mut &ctrl, State::IperfDone).unwrap();
+        // The test is over: the server closes the control connection.
+        assert_eq!(std::io::Read::read(&mut &ctrl, &mut buf).unwrap(), 0);
     }
 
     #[test]
