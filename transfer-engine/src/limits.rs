@@ -13,6 +13,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection frees its slot quickly.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// SO_SNDTIMEO of the server's control connections: a client that takes
+/// none of what the server writes for this long (frozen, or pinging without
+/// reading the answers) fails its session, so the session's slot and data
+/// sockets are freed. As long as [`DATA_IDLE_TIMEOUT`], the same patience.
+pub const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// From `SessionAccepted` until every data connection has attached and the
 /// client said `Start`. 1024 connections over a long path take a while.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);

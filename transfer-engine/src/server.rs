@@ -27,7 +27,7 @@ use crate::auth::{random_bytes, to_hex, Token};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::handshake::{self, AuthPolicy, Proven, MAX_FIRST_MESSAGE};
-use crate::limits::{admission_settings, ATTACH_TIMEOUT, HANDSHAKE_TIMEOUT};
+use crate::limits::{admission_settings, ATTACH_TIMEOUT, CONTROL_WRITE_TIMEOUT, HANDSHAKE_TIMEOUT};
 use crate::logline;
 use crate::messages::{AuthOk, Message, SessionAccepted, SessionRequest};
 use crate::planes::disk::claims::{Claimant, Claims, RootLock};
@@ -332,7 +332,12 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         Ok(c) => c,
         Err(e) => return reporter.report(&format!("control connection: {e}")),
     };
-    if let Err(e) = conn.set_timeout(Some(HANDSHAKE_TIMEOUT)) {
+    let timeouts = conn.set_timeout(Some(HANDSHAKE_TIMEOUT)).and_then(|_| {
+        conn.socket()
+            .set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))
+            .map_err(|e| Error::io("control connection", e))
+    });
+    if let Err(e) = timeouts {
         return reporter.report(&format!("control connection: {e}"));
     }
     let policy = AuthPolicy {
@@ -394,6 +399,18 @@ fn serve_session(
     let req = loop {
         match conn.recv() {
             Ok(Message::SessionRequest(r)) => break r,
+            // A ping follows the answer to the last one: the segment that
+            // carries it acknowledges that answer. A client that pings on
+            // without taking the answers in would fill our send buffer and
+            // hold this session slot while we wait to write.
+            Ok(Message::Ping(_)) if sockopt::unacked(conn.socket()).is_some_and(|n| n > 0) => {
+                return fail(
+                    conn,
+                    Error::Protocol(
+                        "Ping before the answer to the previous one was received".into(),
+                    ),
+                )
+            }
             Ok(Message::Ping(p)) if pings < probe::MAX_PINGS => {
                 conn.send(&Message::Pong(probe::answer(&p)))?;
                 pings += 1;

@@ -299,6 +299,15 @@ pub fn notsent(sock: &impl AsRawFd) -> Option<u64> {
     (rc == 0).then(|| n.max(0) as u64)
 }
 
+/// The bytes a socket holds that the peer has not acknowledged yet, sent
+/// or not (SIOCOUTQ, which Linux numbers as TIOCOUTQ).
+pub fn unacked(sock: &impl AsRawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then(|| n.max(0) as u64)
+}
+
 /// The send buffer the kernel gave a socket (SO_SNDBUF as read back).
 pub fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
     buffer_size(sock, libc::SO_SNDBUF)
