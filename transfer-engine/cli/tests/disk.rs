@@ -928,6 +928,55 @@ fn pull_brings_a_tree_home_verified() {
 /// A pull that loses its server mid-transfer keeps what it verified; the
 /// same command against the restarted server resumes and ends verified.
 #[test]
+fn a_pull_leaves_a_file_another_process_is_writing_alone() {
+    let t = Scratch::new("pull-locked");
+    let root = t.0.join("root");
+    small_tree(&root.join("runs/r7"));
+    let server = Server::with_root(&root);
+    let local = t.0.join("local");
+    // Another `get` into the same --dest holds a.bin's temporary file.
+    fs::create_dir_all(local.join("r7")).unwrap();
+    let theirs = local.join("r7/.a.bin.longhaul-part");
+    fs::write(&theirs, b"another run's bytes").unwrap();
+    let held = File::open(&theirs).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) },
+        0
+    );
+    let out = get(&[
+        "--from",
+        &server.addr(),
+        "--json",
+        "runs/r7",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(1), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("another process holds its temporary file"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(fs::read(&theirs).unwrap(), b"another run's bytes");
+    assert!(!local.join("r7/a.bin").exists());
+    // The other files arrived; once the other run is gone, a.bin does too.
+    assert!(local.join("r7/sub/b.txt").exists());
+    drop(held);
+    let out = get(&[
+        "--from",
+        &server.addr(),
+        "--json",
+        "runs/r7",
+        "--dest",
+        local.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert_same_tree(&root.join("runs/r7"), &local.join("r7"));
+}
+
+#[test]
 fn pull_resumes_after_the_server_is_killed() {
     let t = Scratch::new("pullresume");
     let root = t.0.join("root");

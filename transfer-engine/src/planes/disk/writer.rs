@@ -1023,6 +1023,21 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
     let file = dir
         .open_file(&part, libc::O_RDWR | libc::O_CREAT, 0o600)
         .map_err(io)?;
+    // One writer per temporary file across processes too (the claims cover
+    // one server's sessions; two `get`s into one --dest are two processes).
+    // The lock lives with this descriptor, past the final rename.
+    // SAFETY: flock on a descriptor we own; no memory involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            DiskError::InUse {
+                path: x.path.clone(),
+                by: "another process holds its temporary file".into(),
+            }
+        } else {
+            io(e)
+        });
+    }
     let mut digest = OrderedDigest::new(size);
     if x.from == 0 {
         file.set_len(0).map_err(io)?;
