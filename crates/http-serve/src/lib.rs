@@ -13,6 +13,10 @@
 //!   each has a total deadline ([`Limits::connection_deadline`]).
 //! - Handlers are plain blocking functions run on tokio's blocking pool, at
 //!   most [`Limits::max_in_flight`] at once; more get `503` at once.
+//! - The responses connections hold while their clients read them are
+//!   bounded in bytes ([`Limits::max_response_bytes`]): a client that sends
+//!   a request and reads nothing holds its response until the connection's
+//!   deadline, so beyond the budget a big answer becomes a small `503`.
 //! - One request per connection (`Connection: close`), which is all a
 //!   scraper needs and keeps every connection's life bounded.
 //!
@@ -30,7 +34,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use longhaul_admission::{EntryId, PendingSet};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// The limits of one server.
 #[derive(Debug, Clone, Copy)]
@@ -48,7 +52,15 @@ pub struct Limits {
     pub max_connections: usize,
     /// Handler calls at once; beyond, `503`.
     pub max_in_flight: usize,
+    /// Bytes of responses held by connections still writing them; a
+    /// response that does not fit is answered `503` instead (answers of up
+    /// to [`SMALL_RESPONSE`] bytes are not counted).
+    pub max_response_bytes: usize,
 }
+
+/// Answers this small (a `503`, a health check) go out outside the
+/// [`Limits::max_response_bytes`] budget.
+pub const SMALL_RESPONSE: usize = 16 << 10;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -68,6 +80,10 @@ impl Default for Limits {
             },
             max_connections: 1024,
             max_in_flight: 4,
+            // Scrapes of a host with 1,024 streams are a few MiB; this is
+            // room for several at once, and what 1,024 clients that read
+            // nothing can make the process hold.
+            max_response_bytes: 64 << 20,
         }
     }
 }
@@ -194,6 +210,7 @@ async fn serve(
     };
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
+    let responses = Arc::new(Semaphore::new(kib(limits.max_response_bytes) as usize));
     let pending: Pending = Arc::new(Mutex::new(PendingSet::new(limits.pending)));
     let grace = loop {
         let permit = tokio::select! {
@@ -228,6 +245,8 @@ async fn serve(
             peer,
             pending: pending.clone(),
             in_flight: in_flight.clone(),
+            responses: responses.clone(),
+            budget: kib(limits.max_response_bytes),
             handler: handler.clone(),
         };
         tokio::spawn(async move {
@@ -246,7 +265,15 @@ struct Connection {
     peer: SocketAddr,
     pending: Pending,
     in_flight: Arc<Semaphore>,
+    /// [`Limits::max_response_bytes`] in KiB permits, and all of them.
+    responses: Arc<Semaphore>,
+    budget: u32,
     handler: Handler,
+}
+
+/// Whole KiB that hold `bytes`, as semaphore permits.
+fn kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
 }
 
 impl Connection {
@@ -261,9 +288,15 @@ impl Connection {
             peer,
             pending,
             in_flight,
+            responses,
+            budget,
             handler,
         } = self;
         let head_pending = pending.clone();
+        // This connection's share of the response budget, returned when the
+        // connection ends (its response written, or its deadline passed).
+        let held: Arc<Mutex<Option<OwnedSemaphorePermit>>> = Arc::default();
+        let holds = held.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
             // The head is complete: the connection stops being pending.
             leave(&head_pending, id);
@@ -271,6 +304,8 @@ impl Connection {
             let request = Request { parts, peer };
             let handler = handler.clone();
             let in_flight = in_flight.clone();
+            let responses = responses.clone();
+            let holds = holds.clone();
             async move {
                 let answer = match in_flight.try_acquire_owned() {
                     Ok(permit) => {
@@ -283,6 +318,21 @@ impl Connection {
                         handled.unwrap_or_else(|_| Response::text(500, "handler failed\n"))
                     }
                     Err(_) => Response::text(503, "too many requests in flight; try again\n"),
+                };
+                let answer = if answer.body.len() <= SMALL_RESPONSE {
+                    answer
+                } else {
+                    let need = kib(answer.body.len()).min(budget);
+                    match responses.try_acquire_many_owned(need) {
+                        Ok(permit) => {
+                            *holds.lock().unwrap_or_else(|e| e.into_inner()) = Some(permit);
+                            answer
+                        }
+                        Err(_) => Response::text(
+                            503,
+                            "too many responses still being read by their clients; try again\n",
+                        ),
+                    }
                 };
                 Ok::<_, Infallible>(to_hyper(answer))
             }
@@ -300,6 +350,7 @@ impl Connection {
             Ok(()) = cancelled => {}
         }
         leave(&pending, id);
+        drop(held);
     }
 }
 

@@ -148,3 +148,53 @@ fn handlers_beyond_the_in_flight_limit_get_503() {
     let after = exchange(&server, b"GET /x HTTP/1.1\r\n\r\n");
     assert!(after.starts_with("HTTP/1.1 200"), "{after}");
 }
+
+#[test]
+fn responses_nobody_reads_are_bounded_in_bytes() {
+    // Bigger than the kernel takes into a socket whose reader reads nothing
+    // (tcp_wmem's 4 MiB at most), so the rest stays with the server.
+    const BIG: usize = 12 << 20;
+    let limits = Limits {
+        max_response_bytes: 2 * BIG,
+        ..Limits::default()
+    };
+    let handler: Handler = Arc::new(|req| {
+        if req.path() == "/big" {
+            Response::new(200, "application/octet-stream", vec![b'x'; BIG])
+        } else {
+            Response::text(200, "small\n")
+        }
+    });
+    let server = start(limits, handler);
+    // Two clients that ask for the big answer and read nothing hold the
+    // whole budget.
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.local_addr()).unwrap();
+            s.write_all(b"GET /big HTTP/1.1\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let refused = exchange(&server, b"GET /big HTTP/1.1\r\n\r\n");
+    assert!(
+        refused.starts_with("HTTP/1.1 503"),
+        "{}",
+        &refused[..refused.len().min(200)]
+    );
+    // Small answers still go out.
+    let small = exchange(&server, b"GET /small HTTP/1.1\r\n\r\n");
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    // Once those clients are gone, the budget is back.
+    drop(silent);
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let big = exchange(&server, b"GET /big HTTP/1.1\r\n\r\n");
+        if big.starts_with("HTTP/1.1 200") {
+            assert!(big.len() > BIG, "{}", big.len());
+            break;
+        }
+        assert!(Instant::now() < end, "the budget did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -144,6 +144,7 @@ pub fn serve(
         },
         max_connections: MAX_CONNECTIONS,
         max_in_flight: max_requests.max(1),
+        ..Limits::default()
     };
     let server = Server::spawn(
         listener,
