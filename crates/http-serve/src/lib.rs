@@ -293,10 +293,10 @@ impl Connection {
             handler,
         } = self;
         let head_pending = pending.clone();
-        // This connection's share of the response budget, returned when the
-        // connection ends (its response written, or its deadline passed).
-        let held: Arc<Mutex<Option<OwnedSemaphorePermit>>> = Arc::default();
-        let holds = held.clone();
+        // This connection's share of the response budget: the service holds
+        // it, so it returns when the connection ends (its response written,
+        // or its deadline passed).
+        let holds: Arc<Mutex<Option<OwnedSemaphorePermit>>> = Arc::default();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
             // The head is complete: the connection stops being pending.
             leave(&head_pending, id);
@@ -350,7 +350,6 @@ impl Connection {
             Ok(()) = cancelled => {}
         }
         leave(&pending, id);
-        drop(held);
     }
 }
 

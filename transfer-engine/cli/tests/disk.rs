@@ -519,26 +519,12 @@ fn full_filesystem_names_the_file_and_server_survives() {
 /// never would.
 mod crafted {
     use super::*;
-    use longhaul_engine::auth::{random_bytes, to_hex, NONCE_LEN};
     use longhaul_engine::connection::Connection;
-    use longhaul_engine::messages::{Auth, Direction, Hello, Message, Mode, SessionRequest};
+    use longhaul_engine::messages::{Direction, Message, Mode, SessionRequest};
     use serde_json::json;
 
-    /// An authenticated control connection (the server runs without a
-    /// token, on loopback).
     fn handshake(port: u16) -> longhaul_engine::Result<Connection> {
-        let sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let mut conn = Connection::new(sock)?;
-        conn.set_timeout(Some(Duration::from_secs(10)))?;
-        conn.send(&Message::Hello(Hello {
-            version: longhaul_engine::PROTOCOL_VERSION,
-            client_nonce: to_hex(&random_bytes::<NONCE_LEN>()),
-            software: "crafted".into(),
-        }))?;
-        assert!(matches!(conn.recv()?, Message::Challenge(_)));
-        conn.send(&Message::Auth(Auth { proof: None }))?;
-        assert!(matches!(conn.recv()?, Message::AuthOk(_)));
-        Ok(conn)
+        support::authenticate(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
     }
 
     /// A pull of `paths` the real client would refuse to ask for; returns

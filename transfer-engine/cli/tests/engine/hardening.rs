@@ -5,10 +5,9 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use longhaul_engine::auth::{random_bytes, to_hex, NONCE_LEN};
-use longhaul_engine::connection::{connect_prepared, Connection};
+use longhaul_engine::connection::connect_prepared;
 use longhaul_engine::limits::DATA_IDLE_TIMEOUT;
-use longhaul_engine::messages::{Auth, Hello, Message, Ping};
+use longhaul_engine::messages::{Message, Ping};
 
 use crate::support::*;
 
@@ -80,17 +79,7 @@ fn a_client_that_pings_without_reading_loses_its_session_slot() {
         Ok(())
     })
     .unwrap();
-    let mut conn = Connection::new(sock).unwrap();
-    conn.set_timeout(Some(Duration::from_secs(10))).unwrap();
-    conn.send(&Message::Hello(Hello {
-        version: longhaul_engine::PROTOCOL_VERSION,
-        client_nonce: to_hex(&random_bytes::<NONCE_LEN>()),
-        software: "reads nothing".into(),
-    }))
-    .unwrap();
-    assert!(matches!(conn.recv().unwrap(), Message::Challenge(_)));
-    conn.send(&Message::Auth(Auth { proof: None })).unwrap();
-    assert!(matches!(conn.recv().unwrap(), Message::AuthOk(_)));
+    let mut conn = authenticate(sock).unwrap();
     // Pings, none of the answers read: they would fill the server's send
     // buffer, and it would wait to write while holding the only slot.
     let pinger = std::thread::spawn(move || {

@@ -349,3 +349,24 @@ pub fn token_file(name: &str, token: &str) -> String {
     std::fs::write(&path, format!("{token}\n")).unwrap();
     path.to_string_lossy().into_owned()
 }
+
+/// Says Hello and proves no token (the test servers run without one, on
+/// loopback) over `sock`: a control connection just past `AuthOk`, for
+/// tests that speak the protocol by hand.
+pub fn authenticate(
+    sock: TcpStream,
+) -> longhaul_engine::Result<longhaul_engine::connection::Connection> {
+    use longhaul_engine::auth::{random_bytes, to_hex, NONCE_LEN};
+    use longhaul_engine::messages::{Auth, Hello, Message};
+    let mut conn = longhaul_engine::connection::Connection::new(sock)?;
+    conn.set_timeout(Some(Duration::from_secs(10)))?;
+    conn.send(&Message::Hello(Hello {
+        version: longhaul_engine::PROTOCOL_VERSION,
+        client_nonce: to_hex(&random_bytes::<NONCE_LEN>()),
+        software: "test".into(),
+    }))?;
+    assert!(matches!(conn.recv()?, Message::Challenge(_)));
+    conn.send(&Message::Auth(Auth { proof: None }))?;
+    assert!(matches!(conn.recv()?, Message::AuthOk(_)));
+    Ok(conn)
+}

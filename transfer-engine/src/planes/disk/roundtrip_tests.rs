@@ -257,6 +257,23 @@ fn tree_round_trips_bit_identical_and_resume_skips() {
     fs::remove_dir_all(&base).unwrap();
 }
 
+/// The resume sidecar an interrupted run into `root` leaves for `src`, saying
+/// `verified` bytes are written and hashed; returns what it wrote.
+fn write_sidecar(src: &Path, root: &Path, verified: u64) -> String {
+    let md = fs::metadata(src).unwrap();
+    let st = super::partial::PartState {
+        size: md.len(),
+        mtime_sec: md.mtime(),
+        mtime_nsec: md.mtime_nsec() as u32,
+        chunk_size: CHUNK_SIZE,
+        verified,
+    };
+    let name = src.file_name().unwrap().to_str().unwrap();
+    let text = serde_json::to_string(&st).unwrap();
+    fs::write(root.join(super::partial::state_name(name)), &text).unwrap();
+    text
+}
+
 #[test]
 fn partial_file_resumes_from_verified_offset() {
     let base = tmp("resume");
@@ -270,24 +287,12 @@ fn partial_file_resumes_from_verified_offset() {
         ..DiskOptions::default()
     };
     // Fake an interrupted run: the first 20 chunks are there and verified.
-    let md = fs::metadata(&src).unwrap();
     fs::write(
         root.join(".big.longhaul-part"),
         &data[..20 * CHUNK_SIZE as usize],
     )
     .unwrap();
-    let st = super::partial::PartState {
-        size: md.len(),
-        mtime_sec: md.mtime(),
-        mtime_nsec: md.mtime_nsec() as u32,
-        chunk_size: CHUNK_SIZE,
-        verified: 20 * CHUNK_SIZE,
-    };
-    fs::write(
-        root.join(".big.longhaul-state"),
-        serde_json::to_string(&st).unwrap(),
-    )
-    .unwrap();
+    let sidecar = write_sidecar(&src, &root, 20 * CHUNK_SIZE);
     let out = transfer(std::slice::from_ref(&src), &root, "", &opts);
     assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
     assert_eq!(out.sent, data.len() as u64 - 20 * CHUNK_SIZE);
@@ -298,11 +303,7 @@ fn partial_file_resumes_from_verified_offset() {
     let mut bad = data[..20 * CHUNK_SIZE as usize].to_vec();
     bad[5] ^= 1;
     fs::write(root.join(".big.longhaul-part"), &bad).unwrap();
-    fs::write(
-        root.join(".big.longhaul-state"),
-        serde_json::to_string(&st).unwrap(),
-    )
-    .unwrap();
+    fs::write(root.join(".big.longhaul-state"), &sidecar).unwrap();
     let out = transfer(std::slice::from_ref(&src), &root, "", &opts);
     assert_eq!(out.report.failures.len(), 1);
     assert!(
@@ -334,19 +335,7 @@ fn a_resumed_short_last_chunk_is_sent_again_not_trusted() {
     let mut on_disk = data.clone();
     on_disk[2 * CHUNK_SIZE as usize..].fill(0);
     fs::write(root.join(".f.longhaul-part"), &on_disk).unwrap();
-    let md = fs::metadata(&src).unwrap();
-    let st = super::partial::PartState {
-        size: md.len(),
-        mtime_sec: md.mtime(),
-        mtime_nsec: md.mtime_nsec() as u32,
-        chunk_size: CHUNK_SIZE,
-        verified: md.len(),
-    };
-    fs::write(
-        root.join(".f.longhaul-state"),
-        serde_json::to_string(&st).unwrap(),
-    )
-    .unwrap();
+    write_sidecar(&src, &root, data.len() as u64);
     let out = transfer(
         std::slice::from_ref(&src),
         &root,
