@@ -46,6 +46,7 @@ use super::claims::Claimant;
 use super::devices::DeviceGroup;
 use super::reader::{Feed, SendPipeline};
 use super::source::SourceSet;
+use super::walk::Walk;
 use super::wire::{DiskReport, FileFailure, Manifest, ManifestEntry, Plan};
 use super::writer::{Intake, ReceivePipeline};
 use super::{DiskError, DiskOptions, CHUNK_SIZE};
@@ -183,7 +184,8 @@ impl SenderPlane {
                 "sending files goes client to server: --reverse/--bidir do not apply (longhaul get pulls files from the server)".into(),
             ));
         }
-        let plane = SenderPlane::walk(req, paths, dest, opts).map_err(|e| match e {
+        let walked = super::walk::walk(paths, opts.follow_symlinks);
+        let plane = SenderPlane::walk(req, walked, dest, opts).map_err(|e| match e {
             DiskError::Refused { .. } => Error::Usage(e.to_string()),
             other => to_error(other),
         })?;
@@ -195,13 +197,13 @@ impl SenderPlane {
 
     fn walk(
         req: &SessionRequest,
-        paths: &[PathBuf],
+        walked: Result<Walk, DiskError>,
         dest: &str,
         opts: &DiskOptions,
     ) -> Result<SenderPlane, DiskError> {
         let mut opts = opts.clone();
         opts.streams = req.streams as usize;
-        let src = SourceSet::build(paths, dest, &opts)?;
+        let src = SourceSet::from_walk(walked?, dest, &opts)?;
         let params = DiskParams {
             dest: dest.to_string(),
             resume: opts.resume,
@@ -594,7 +596,6 @@ fn serve_pull(req: &SessionRequest, root: &Path, conn: &mut Connection) -> Resul
         DiskError::Refused { .. } => Error::Refused(e.to_string()),
         other => to_error(other),
     };
-    let paths = super::safepath::resolve_existing(root, &params.paths).map_err(refused)?;
     let opts = DiskOptions {
         io_workers_per_device: params
             .io_workers_per_device
@@ -605,7 +606,8 @@ fn serve_pull(req: &SessionRequest, root: &Path, conn: &mut Connection) -> Resul
         follow_symlinks: false,
         ..DiskOptions::default()
     };
-    let plane = SenderPlane::walk(req, &paths, "", &opts).map_err(refused)?;
+    let walked = super::walk::walk_beneath(root, &params.paths);
+    let plane = SenderPlane::walk(req, walked, "", &opts).map_err(refused)?;
     for w in plane.warnings() {
         crate::logline::server(format!("pull: {w}"));
     }

@@ -22,11 +22,10 @@
 //! all ended, reader or stream, queues its `End` frame.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -38,6 +37,7 @@ use super::checksum::{
 };
 use super::devices::DeviceGroup;
 use super::ioqueue::{Backend, IoQueue, Op};
+use super::walk::SourcePath;
 use super::wire::{FileFailure, FrameHeader, FrameKind, FrameOut, Wrote};
 use super::{DiskError, DiskOptions, CHUNK_SIZE};
 use crate::datapath::{Grant, Progress, SendBudget, StreamIo};
@@ -49,9 +49,12 @@ pub struct SendItem {
     pub id: u32,
     /// Relative path, for messages.
     pub rel: String,
-    pub src: PathBuf,
+    pub src: SourcePath,
     pub size: u64,
     pub mtime: (i64, u32),
+    /// (st_dev, st_ino) the walk saw: a file put in its place since then
+    /// is not the file listed.
+    pub identity: (u64, u64),
     pub sparse: bool,
     /// Index of its device group.
     pub group: usize,
@@ -134,31 +137,23 @@ pub const READ_DEPTH: usize = super::ioqueue::DEPTH;
 /// Warn once per process that O_DIRECT was refused.
 static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
 
-/// Open `path` for reading, O_DIRECT if asked and the file system allows.
-pub fn open_source(path: &std::path::Path, direct: bool, follow: bool) -> io::Result<File> {
-    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+/// Open `src` for reading, O_DIRECT if asked and the file system allows.
+pub fn open_source(src: &SourcePath, direct: bool, follow: bool) -> io::Result<File> {
     if direct {
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT | nofollow)
-            .open(path)
-        {
+        match src.open(libc::O_DIRECT, follow) {
             Ok(f) => return Ok(f),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 if !DIRECT_WARNED.swap(true, Ordering::Relaxed) {
                     eprintln!(
                         "longhaul: warning: O_DIRECT refused on {}; using buffered IO",
-                        path.display()
+                        src.display()
                     );
                 }
             }
             Err(e) => return Err(e),
         }
     }
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(nofollow)
-        .open(path)?;
+    let f = src.open(0, follow)?;
     // We read every file front to back: ask for the larger readahead.
     // SAFETY: advisory call on a valid descriptor.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
@@ -523,7 +518,10 @@ struct Reader {
 }
 
 fn changed(md: &std::fs::Metadata, it: &SendItem) -> bool {
-    md.len() != it.size || md.mtime() != it.mtime.0 || md.mtime_nsec() as u32 != it.mtime.1
+    md.len() != it.size
+        || md.mtime() != it.mtime.0
+        || md.mtime_nsec() as u32 != it.mtime.1
+        || (md.dev(), md.ino()) != it.identity
 }
 
 impl Reader {
@@ -584,7 +582,7 @@ impl Reader {
                     Ok(_) => self.p.pool.put(d.buf),
                     Err(e) => {
                         self.p.pool.put(d.buf);
-                        let src = r.it.src.display().to_string();
+                        let src = r.it.src.display();
                         r.failed.get_or_insert(match e.kind() {
                             io::ErrorKind::UnexpectedEof => DiskError::SourceChanged { path: src },
                             _ => DiskError::from_io(src, e),
@@ -642,7 +640,7 @@ impl Reader {
     }
 
     fn open_file(&self, it: &SendItem) -> Result<(File, OrderedDigest), DiskError> {
-        let src = it.src.display().to_string();
+        let src = it.src.display();
         let file = open_source(&it.src, self.direct, self.follow_symlinks).map_err(|e| match e
             .kind()
         {
@@ -698,7 +696,7 @@ impl Reader {
                     Ok(d) => c.data_from = d.unwrap_or(u64::MAX),
                     Err(e) => {
                         if let Some(r) = self.open.get_mut(&c.id) {
-                            r.failed = Some(DiskError::from_io(r.it.src.display().to_string(), e));
+                            r.failed = Some(DiskError::from_io(r.it.src.display(), e));
                         }
                         return false;
                     }
@@ -771,7 +769,7 @@ impl Reader {
             return;
         }
         let r = self.open.remove(&id).expect("looked up above");
-        let src = r.it.src.display().to_string();
+        let src = r.it.src.display();
         let failure = r.failed.or_else(|| match r.file.metadata() {
             Err(e) => Some(DiskError::from_io(src.clone(), e)),
             Ok(_) if !r.it.src.exists() => Some(DiskError::SourceVanished { path: src.clone() }),

@@ -403,31 +403,109 @@ fn vanished_source_is_named_and_others_continue() {
     fs::remove_dir_all(&base).unwrap();
 }
 
+/// Writes `bytes` to `path` with the mtime of `like`: a different file
+/// that size and mtime cannot tell from it.
+fn look_alike(path: &Path, bytes: &[u8], like: &Path) {
+    fs::write(path, bytes).unwrap();
+    let mtime = fs::metadata(like).unwrap().modified().unwrap();
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    assert_eq!(
+        fs::metadata(path).unwrap().len(),
+        fs::metadata(like).unwrap().len()
+    );
+}
+
+/// A pull walks the served tree, then reads it. Someone who can write in
+/// that tree swaps one of its directories for a symlink to a directory
+/// outside the root, holding a file of the same name, size and mtime.
 #[test]
-fn source_changed_before_reading_is_named() {
-    let base = tmp("changed");
-    let f = base.join("grows");
-    fs::write(&f, b"before").unwrap();
+fn a_pull_reads_nothing_through_a_directory_swapped_for_a_symlink() {
+    let base = tmp("swap");
+    let served = base.join("served");
+    fs::create_dir_all(served.join("run/sub")).unwrap();
+    fs::write(served.join("run/a"), b"stays").unwrap();
+    fs::write(served.join("run/sub/data"), b"public bytes").unwrap();
+    let secret = base.join("secret");
+    fs::create_dir_all(&secret).unwrap();
+    look_alike(
+        &secret.join("data"),
+        b"secret bytes",
+        &served.join("run/sub/data"),
+    );
+    let opts = DiskOptions::default();
+    let walked = super::walk::walk_beneath(&served, &["run".to_string()]).unwrap();
+    let src = SourceSet::from_walk(walked, "", &opts).unwrap();
+    fs::rename(served.join("run/sub"), base.join("moved-away")).unwrap();
+    std::os::unix::fs::symlink(&secret, served.join("run/sub")).unwrap();
     let root = base.join("root");
     fs::create_dir_all(&root).unwrap();
-    let opts = DiskOptions::default();
-    let src = SourceSet::build(std::slice::from_ref(&f), "", &opts).unwrap();
-    fs::write(&f, b"after, longer").unwrap();
     let Outcome {
         report,
         sender_failures,
         ..
     } = transfer_source(src, &root, &opts);
-    assert_eq!(sender_failures[0].code, "source_changed");
-    assert!(
-        report.failures[0]
-            .error
-            .contains("source changed during read"),
-        "{:?}",
-        report.failures
+    assert_eq!(
+        fs::read(root.join("run/a")).unwrap(),
+        b"stays",
+        "{report:?}"
     );
-    assert!(!root.join("grows").exists());
+    assert!(
+        fs::read(root.join("run/sub/data")).is_err(),
+        "the file behind the symlink arrived: {report:?}"
+    );
+    assert_eq!(sender_failures.len(), 1, "{sender_failures:?}");
+    assert!(
+        sender_failures[0].error.contains("symlink component 'sub'"),
+        "{sender_failures:?}"
+    );
+    assert_eq!(report.failures.len(), 1, "{report:?}");
     fs::remove_dir_all(&base).unwrap();
+}
+
+/// A file that changed after the walk is not sent as the one listed: grown
+/// in place, or replaced under its name by another file of the same size
+/// and mtime.
+#[test]
+fn source_changed_before_reading_is_named() {
+    fn grow(f: &Path) {
+        fs::write(f, b"after, longer").unwrap();
+    }
+    fn replace(f: &Path) {
+        let other = f.with_extension("other");
+        look_alike(&other, b"OTHER!", f);
+        fs::rename(&other, f).unwrap();
+    }
+    for (how, change) in [("grown", grow as fn(&Path)), ("replaced", replace)] {
+        let base = tmp(&format!("changed-{how}"));
+        let f = base.join("f");
+        fs::write(&f, b"before").unwrap();
+        let root = base.join("root");
+        fs::create_dir_all(&root).unwrap();
+        let opts = DiskOptions::default();
+        let src = SourceSet::build(std::slice::from_ref(&f), "", &opts).unwrap();
+        change(&f);
+        let Outcome {
+            report,
+            sender_failures,
+            ..
+        } = transfer_source(src, &root, &opts);
+        assert_eq!(sender_failures.len(), 1, "{how}: {sender_failures:?}");
+        assert_eq!(sender_failures[0].code, "source_changed", "{how}");
+        assert!(
+            report.failures[0]
+                .error
+                .contains("source changed during read"),
+            "{how}: {:?}",
+            report.failures
+        );
+        assert!(!root.join("f").exists(), "{how}");
+        fs::remove_dir_all(&base).unwrap();
+    }
 }
 
 #[test]
@@ -448,9 +526,10 @@ fn each_device_group_is_read_by_its_own_workers_and_counted() {
         items.push(SendItem {
             id: id as u32,
             rel: format!("f{id}"),
-            src: p,
+            src: super::walk::SourcePath::Local(p),
             size: *size,
             mtime: (md.mtime(), md.mtime_nsec() as u32),
+            identity: (md.dev(), md.ino()),
             sparse: false,
             group: *group,
             from: 0,

@@ -1,6 +1,6 @@
 //! Path safety on the server: every path from the wire resolves beneath the
 //! `--root` directory or is refused, whether a push writes it or a pull
-//! ([`resolve_existing`]) reads it.
+//! (`walk::walk_beneath`, [`Root::open_beneath`]) reads it.
 //!
 //! A wire path must be canonical and relative: '/'-separated components, none
 //! empty, `.` or `..`, no NUL, not absolute. It is then resolved one
@@ -72,38 +72,6 @@ pub fn validate_dest(dest: &str) -> Result<()> {
     components(d).map(|_| ())
 }
 
-/// Pull: the paths a client asked for, as paths beneath `root` that exist
-/// and that reach their last component without passing a symlink. A path
-/// that leaves the root (absolute, `..`, a symlink anywhere on the way,
-/// the last component included) is refused, a missing one is an error
-/// naming it.
-pub fn resolve_existing(root: &Path, rels: &[String]) -> Result<Vec<PathBuf>> {
-    let base = Root::open(root)?;
-    let mut out = Vec::with_capacity(rels.len());
-    for rel in rels {
-        let comps = components(rel)?;
-        let (name, parent) = comps.split_last().expect("components are never empty");
-        let dir = base.open_dir(parent, false, rel)?;
-        match dir.stat(name) {
-            Ok(Some(st)) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
-                return Err(DiskError::Refused {
-                    path: rel.escape_debug().to_string(),
-                    reason: "a symlink; the server sends nothing through symlinks".into(),
-                })
-            }
-            Ok(Some(_)) => out.push(root.join(rel)),
-            Ok(None) => {
-                return Err(DiskError::from_io(
-                    format!("{rel} beneath the server's --root"),
-                    io::Error::from_raw_os_error(libc::ENOENT),
-                ))
-            }
-            Err(e) => return Err(DiskError::from_io(rel.as_str(), e)),
-        }
-    }
-    Ok(out)
-}
-
 fn cstr(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
 }
@@ -116,7 +84,7 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// The receiver's root directory, held open.
+/// The server's root directory, held open.
 pub struct Root {
     fd: OwnedFd,
     path: PathBuf,
@@ -141,6 +109,35 @@ impl Root {
         &self.path
     }
 
+    /// Open the existing file `rel` beneath the root with `flags` (plus
+    /// O_NOFOLLOW and O_CLOEXEC), passing no symlink on the way: a
+    /// directory swapped for a symlink fails the open, it is not followed.
+    pub fn open_beneath(&self, rel: &str, flags: libc::c_int) -> io::Result<File> {
+        let comps = components(rel).map_err(io::Error::other)?;
+        let (name, parent) = comps.split_last().expect("components are never empty");
+        let dir = self.open_dir(parent, false, rel).map_err(|e| match e {
+            DiskError::Io { source, .. } => source,
+            other => io::Error::other(other.to_string()),
+        })?;
+        dir.open_file(name, flags, 0).map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::other(format!(
+                "{rel}: a symlink inside the server's --root; the server reads nothing through symlinks"
+            )),
+            _ => e,
+        })
+    }
+
+    /// Whether `rel` beneath the root still exists, reached without
+    /// passing a symlink (a final symlink counts as there).
+    pub fn exists_beneath(&self, rel: &str) -> bool {
+        let Ok(comps) = components(rel) else {
+            return false;
+        };
+        let (name, parent) = comps.split_last().expect("components are never empty");
+        self.open_dir(parent, false, rel)
+            .is_ok_and(|d| matches!(d.stat(name), Ok(Some(_))))
+    }
+
     /// Open (and with `create`, make) the directory `comps` beneath the
     /// root; `rel` names it in errors.
     pub fn open_dir(&self, comps: &[&str], create: bool, rel: &str) -> Result<Dir> {
@@ -157,6 +154,12 @@ impl Root {
     }
 }
 
+impl std::fmt::Debug for Root {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Root").field("path", &self.path).finish()
+    }
+}
+
 /// An open directory beneath the root; all operations are relative to it
 /// and never follow a symlink in the final component.
 pub struct Dir {
@@ -164,6 +167,10 @@ pub struct Dir {
 }
 
 impl Dir {
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     fn child_dir(&self, name: &str, create: bool, rel: &str) -> Result<Dir> {
         let c = cstr(name).map_err(|e| DiskError::from_io(rel, e))?;
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::devices::{DeviceGroup, DeviceMap};
 use super::reader::{SendItem, SendPipeline};
-use super::walk::{walk, Kind};
+use super::walk::{walk, Kind, SourcePath, Walk};
 use super::wire::{FileFailure, Manifest, ManifestEntry, Plan};
 use super::{DiskOptions, Result, CHUNK_SIZE};
 
@@ -23,8 +23,8 @@ pub struct SourceSet {
 
 /// `--checksum`: the checksum of a source file before the session, so the
 /// receiver can compare its copy's content.
-fn pre_hash(src: &std::path::Path, size: u64, follow: bool) -> Result<u64> {
-    let io = |e| super::DiskError::from_io(src.display().to_string(), e);
+fn pre_hash(src: &SourcePath, size: u64, follow: bool) -> Result<u64> {
+    let io = |e| super::DiskError::from_io(src.display(), e);
     let file = super::reader::open_source(src, false, follow).map_err(io)?;
     super::partial::content_checksum(&file, size).map_err(io)
 }
@@ -33,7 +33,13 @@ impl SourceSet {
     /// Walk `paths` for a transfer into `dest` on the receiver.
     pub fn build(paths: &[PathBuf], dest: &str, opts: &DiskOptions) -> Result<SourceSet> {
         super::safepath::validate_dest(dest)?;
-        let w = walk(paths, opts.follow_symlinks)?;
+        SourceSet::from_walk(walk(paths, opts.follow_symlinks)?, dest, opts)
+    }
+
+    /// The same from a walk already made (a pull's, beneath the server's
+    /// root).
+    pub fn from_walk(w: Walk, dest: &str, opts: &DiskOptions) -> Result<SourceSet> {
+        super::safepath::validate_dest(dest)?;
         let mut map = DeviceMap::new(&opts.sysfs);
         let mut entries = Vec::with_capacity(w.entries.len());
         let mut items = Vec::new();
@@ -67,6 +73,7 @@ impl SourceSet {
                     src: e.src.clone(),
                     size: e.size,
                     mtime: e.mtime,
+                    identity: (e.dev, e.ino),
                     sparse: e.sparse,
                     group,
                     from: 0,
