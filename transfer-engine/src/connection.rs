@@ -2,13 +2,14 @@
 //! and how a client reaches a server ([`resolve`], [`connect`],
 //! [`connect_prepared`]).
 //!
-//! Reads carry a timeout so a silent peer cannot hold a handshake forever;
-//! an `Error` message from the peer turns into the matching [`Error`].
+//! Each message carries a deadline so a silent or trickling peer cannot hold
+//! a handshake forever; an `Error` message from the peer turns into the
+//! matching [`Error`].
 
 use std::io::{BufReader, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::frame::{Frame, MAX_FRAME_LEN};
@@ -63,6 +64,8 @@ pub struct Connection {
     peer: SocketAddr,
     /// Largest frame payload [`Connection::recv`] takes.
     max_frame: usize,
+    /// How long one [`Connection::recv`] may take, `None` for ever.
+    timeout: Option<Duration>,
 }
 
 impl Connection {
@@ -87,6 +90,7 @@ impl Connection {
             writer,
             peer,
             max_frame: MAX_FRAME_LEN,
+            timeout: None,
         })
     }
 
@@ -110,11 +114,15 @@ impl Connection {
         &self.writer
     }
 
-    /// Sets the read timeout of subsequent [`Connection::recv`] calls.
-    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<()> {
+    /// Sets how long each subsequent [`Connection::recv`] may take, from
+    /// its call to the last byte of the message: a whole message, not each
+    /// read, so a peer that trickles a byte now and then is cut off too.
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.writer
             .set_read_timeout(timeout)
-            .map_err(|e| Error::io("control connection", e))
+            .map_err(|e| Error::io("control connection", e))?;
+        self.timeout = timeout;
+        Ok(())
     }
 
     pub fn send(&mut self, msg: &Message) -> Result<()> {
@@ -124,7 +132,18 @@ impl Connection {
     /// Receives one message; a closed connection is [`Error::PeerAborted`],
     /// an `Error` message from the peer is returned as the matching error.
     pub fn recv(&mut self) -> Result<Message> {
-        match Frame::read_limited(&mut self.reader, self.max_frame)? {
+        let frame = match self.timeout {
+            None => Frame::read_limited(&mut self.reader, self.max_frame),
+            Some(t) => Frame::read_limited(
+                &mut ByDeadline {
+                    reader: &mut self.reader,
+                    socket: &self.writer,
+                    deadline: Instant::now() + t,
+                },
+                self.max_frame,
+            ),
+        };
+        match frame? {
             None => Err(Error::PeerAborted(format!(
                 "{} closed the control connection",
                 self.peer
@@ -151,6 +170,25 @@ impl Connection {
                 .map_err(|e| Error::io("control connection", e))?,
         )?;
         Ok((self, writer))
+    }
+}
+
+/// Reads that end at `deadline`: before each read the socket's timeout is
+/// set to what remains of it.
+struct ByDeadline<'a, R> {
+    reader: &'a mut R,
+    socket: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl<R: Read> Read for ByDeadline<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.socket.set_read_timeout(Some(left))?;
+        self.reader.read(buf)
     }
 }
 

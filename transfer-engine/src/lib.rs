@@ -64,7 +64,11 @@ pub use error::{Error, Result};
 /// 2: the client sends `StreamsReport` during the data phase, which a
 /// version-1 server would reject as an unknown message in mid-run; the bump
 /// turns that into a clear version mismatch at the handshake.
-pub const PROTOCOL_VERSION: u32 = 2;
+///
+/// 3: an end that checks files before its disk-mode answer sends
+/// `ModeData {disk: working}` meanwhile, which a version-2 peer would
+/// reject as a malformed disk message.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Software version reported in the handshake and the stats API.
 pub const SOFTWARE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -360,7 +360,7 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         return log(format!("session from {peer}: refused: {e}"));
     };
     let mut entry: Option<Arc<SessionEntry>> = None;
-    let result = serve_session(&mut conn, ctx, &proven, &mut entry);
+    let result = unless_it_panics(|| serve_session(&mut conn, ctx, &proven, &mut entry));
     // Wake the control reader thread, if any, and tell the client we are done.
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     if let Some(e) = &entry {
@@ -371,6 +371,25 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         Err(err) => log(format!("session from {peer}: failed: {err}")),
     }
     crate::memory::return_freed_memory();
+}
+
+/// `f`'s result, or an error naming its panic: a bug in one session must
+/// not leave that session's registry entry running and its slot taken.
+/// The panic itself is printed by the default hook, with its location.
+fn unless_it_panics<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        Err(Error::Io {
+            context: "the session's thread".into(),
+            source: std::io::Error::other(format!(
+                "internal error (a bug; please report it): {what}"
+            )),
+        })
+    })
 }
 
 /// Runs one authenticated session on the server, from `AuthOk` on; returns
@@ -582,4 +601,22 @@ fn wait_for_attach(events: &Receiver<Event>, total: u32) -> Result<Vec<TcpStream
         .into_iter()
         .map(|s| s.expect("all attached"))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_session_becomes_an_error_naming_it() {
+        let r: Result<()> = unless_it_panics(|| panic!("limit {} crossed", 7));
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("the session's thread"), "{e}");
+        assert!(e.contains("limit 7 crossed"), "{e}");
+        assert_eq!(unless_it_panics(|| Ok(5)).unwrap(), 5);
+        assert!(matches!(
+            unless_it_panics::<()>(|| Err(Error::Busy("x".into()))),
+            Err(Error::Busy(_))
+        ));
+    }
 }

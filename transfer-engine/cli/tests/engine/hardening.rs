@@ -1,12 +1,15 @@
 //! Unlucky peers: a peer that stops (SIGSTOP) is detected by the data idle
 //! timeout the docs promise, with one clean message; a client that reads
-//! nothing of its control connection loses its session slot.
+//! nothing of its control connection, or trickles its request, loses its
+//! session slot.
 
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use longhaul_engine::connection::connect_prepared;
-use longhaul_engine::limits::DATA_IDLE_TIMEOUT;
+use longhaul_engine::frame::{Frame, HEADER_LEN};
+use longhaul_engine::limits::{DATA_IDLE_TIMEOUT, HANDSHAKE_TIMEOUT};
 use longhaul_engine::messages::{Message, Ping};
 
 use crate::support::*;
@@ -93,24 +96,65 @@ fn a_client_that_pings_without_reading_loses_its_session_slot() {
         }
         conn
     });
-    let started = Instant::now();
-    loop {
-        let out = run(&["send", "--to", &server.addr(), "--bytes", "1M"]);
-        if out.code == Some(0) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "the session slot is still held {:?} after the pings began: {}",
-            started.elapsed(),
-            out.stderr
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    slot_comes_back_within(&server, Duration::from_secs(15));
     assert!(
         server.wait_log("Ping before the answer", Duration::from_secs(5)),
         "{}",
         server.stderr()
     );
     drop(pinger);
+}
+
+/// Runs a session until one succeeds, that is until the server gave back
+/// its only slot; fails once `patience` is spent.
+fn slot_comes_back_within(server: &Server, patience: Duration) {
+    let started = Instant::now();
+    loop {
+        let out = run(&["send", "--to", &server.addr(), "--bytes", "1M"]);
+        if out.code == Some(0) {
+            return;
+        }
+        assert!(
+            started.elapsed() < patience,
+            "the session slot is still held {:?} on: {}",
+            started.elapsed(),
+            out.stderr
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn a_client_that_trickles_its_request_loses_its_session_slot() {
+    let server = Server::start(&["--max-sessions", "1"]);
+    let sock = std::net::TcpStream::connect(server.addr()).unwrap();
+    let conn = authenticate(sock).unwrap();
+    // A 64 KiB frame, its header and then a byte a second: each read
+    // brings something well inside the 10 s handshake timeout, but the
+    // message would take 18 hours.
+    let frame = Frame {
+        kind: 1,
+        payload: vec![b' '; 64 << 10],
+    }
+    .encode()
+    .unwrap();
+    let mut raw = conn.socket().try_clone().unwrap();
+    raw.write_all(&frame[..HEADER_LEN]).unwrap();
+    let trickler = std::thread::spawn(move || {
+        for b in &frame[HEADER_LEN..HEADER_LEN + 40] {
+            if raw.write_all(std::slice::from_ref(b)).is_err() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        false
+    });
+    slot_comes_back_within(&server, HANDSHAKE_TIMEOUT + Duration::from_secs(5));
+    assert!(
+        server.wait_log("no answer in time", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+    assert!(trickler.join().unwrap(), "the server never cut the trickle");
+    drop(conn);
 }

@@ -22,6 +22,12 @@
 //! answers `ModeData {disk: offer}` and the manifest, the client plans it
 //! against its local `--dest` and answers the plan, then `SessionAccepted`.
 //!
+//! While an end checks files before it can answer (the receiver reading its
+//! existing copies for the plan, a pull's server walking and hashing its
+//! tree), it sends `ModeData {disk: working}` every [`WORKING_EVERY`], so
+//! the other end, which gives each message the handshake timeout, waits
+//! as long as the work goes on and no longer than that once it stops.
+//!
 //! Both lists are cut into messages of at most [`MESSAGE_BUDGET`] bytes, so
 //! a tree of any size fits through the 1 MiB control frame limit. Each end's
 //! `Done` carries its summary (sender: its failures and read counters;
@@ -30,6 +36,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -40,6 +47,7 @@ use crate::datapath::{
     StreamIo,
 };
 use crate::error::{Error, Result};
+use crate::limits::HANDSHAKE_TIMEOUT;
 use crate::messages::{Direction, Message, SessionRequest};
 
 use super::claims::Claimant;
@@ -112,6 +120,42 @@ pub enum DiskMessage {
         plan: Plan,
         last: bool,
     },
+    /// Still checking files; the answer follows ([`keep_alive`]).
+    Working,
+}
+
+/// How often an end that checks files says so: a few times within the
+/// handshake timeout its peer gives each message.
+pub const WORKING_EVERY: Duration = Duration::from_millis(HANDSHAKE_TIMEOUT.as_millis() as u64 / 4);
+
+/// Runs `work` while a thread tells the peer every `every` that we are
+/// working; returns `work`'s result once the thread stopped writing, so
+/// the caller's next message cannot interleave with a `Working`.
+pub fn keep_alive<T>(conn: &Connection, every: Duration, work: impl FnOnce() -> T) -> Result<T> {
+    let mut socket = conn
+        .socket()
+        .try_clone()
+        .map_err(|e| Error::io("control connection", e))?;
+    let frame = Message::ModeData(
+        serde_json::to_value(DiskMessage::Working)
+            .map_err(|e| Error::Protocol(format!("encoding disk message: {e}")))?,
+    )
+    .to_frame()?;
+    let (done, stop) = std::sync::mpsc::channel::<()>();
+    Ok(std::thread::scope(|scope| {
+        scope.spawn(move || {
+            // Until `done` is dropped; a failed write ends the ticking, and
+            // the caller's next message finds the connection's state.
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+                if frame.write_to(&mut socket).is_err() {
+                    break;
+                }
+            }
+        });
+        let out = work();
+        drop(done);
+        out
+    }))
 }
 
 /// The library error for a file-level failure.
@@ -139,13 +183,21 @@ pub fn decode_disk_message(v: Value) -> Result<DiskMessage> {
     serde_json::from_value(v).map_err(|e| Error::Protocol(format!("malformed disk message: {e}")))
 }
 
+/// The next disk message other than `Working`.
 fn recv_mode(conn: &mut Connection) -> Result<DiskMessage> {
-    match conn.recv()? {
-        Message::ModeData(v) => decode_disk_message(v),
-        other => Err(Error::Protocol(format!(
-            "expected a disk-mode message, got {:?}",
-            other.kind()
-        ))),
+    loop {
+        match conn.recv()? {
+            Message::ModeData(v) => match decode_disk_message(v)? {
+                DiskMessage::Working => {}
+                m => return Ok(m),
+            },
+            other => {
+                return Err(Error::Protocol(format!(
+                    "expected a disk-mode message, got {:?}",
+                    other.kind()
+                )))
+            }
+        }
     }
 }
 
@@ -505,8 +557,10 @@ impl ReceiverPlane {
             chunk_size,
             entries: recv_manifest(conn, count)?,
         };
-        let (pipeline, plan) =
-            ReceivePipeline::prepare(dest, &manifest, opts, None).map_err(to_error)?;
+        let (pipeline, plan) = keep_alive(conn, WORKING_EVERY, || {
+            ReceivePipeline::prepare(dest, &manifest, opts, None)
+        })?
+        .map_err(to_error)?;
         send_plan(conn, plan)?;
         let _ = self.pipeline.set(pipeline);
         Ok(())
@@ -575,8 +629,10 @@ fn receive_push(
         chunk_size: params.chunk_size,
         entries,
     };
-    let (pipeline, plan) =
-        ReceivePipeline::prepare(root, &manifest, &opts, Some(claimant)).map_err(to_error)?;
+    let (pipeline, plan) = keep_alive(conn, WORKING_EVERY, || {
+        ReceivePipeline::prepare(root, &manifest, &opts, Some(claimant))
+    })?
+    .map_err(to_error)?;
     send_plan(conn, plan)?;
     let plane = ReceiverPlane {
         pipeline: OnceLock::new(),
@@ -606,8 +662,12 @@ fn serve_pull(req: &SessionRequest, root: &Path, conn: &mut Connection) -> Resul
         follow_symlinks: false,
         ..DiskOptions::default()
     };
-    let walked = super::walk::walk_beneath(root, &params.paths);
-    let plane = SenderPlane::walk(req, walked, "", &opts).map_err(refused)?;
+    // Walking a big tree, and hashing it for --checksum, takes a while.
+    let plane = keep_alive(conn, WORKING_EVERY, || {
+        let walked = super::walk::walk_beneath(root, &params.paths);
+        SenderPlane::walk(req, walked, "", &opts)
+    })?
+    .map_err(refused)?;
     for w in plane.warnings() {
         crate::logline::server(format!("pull: {w}"));
     }
@@ -883,4 +943,51 @@ pub fn check(local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
             source: std::io::Error::other(text),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
+
+    /// An end that takes longer to answer than the handshake timeout its
+    /// peer gives each message: told it is working, the peer waits for the
+    /// answer; answering the same way in silence, the peer gives up.
+    #[test]
+    fn a_slow_answer_kept_alive_arrives_and_a_silent_one_times_out() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut waiting =
+            Connection::new(TcpStream::connect(l.local_addr().unwrap()).unwrap()).unwrap();
+        let working = Connection::new(l.accept().unwrap().0).unwrap();
+        waiting
+            .set_timeout(Some(Duration::from_millis(600)))
+            .unwrap();
+        let work = || std::thread::sleep(Duration::from_secs(2));
+        let answer = |mut conn: Connection, kept: bool| {
+            std::thread::spawn(move || {
+                if kept {
+                    keep_alive(&conn, Duration::from_millis(100), work).unwrap();
+                } else {
+                    work();
+                }
+                let plan = Plan {
+                    skip: vec![7],
+                    ..Plan::default()
+                };
+                send_plan(&mut conn, plan).map(|()| conn)
+            })
+        };
+        let started = Instant::now();
+        let working = answer(working, true);
+        let plan = recv_plan(&mut waiting).unwrap();
+        assert_eq!(plan.skip, [7]);
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        let working = answer(working.join().unwrap().unwrap(), false);
+        let started = Instant::now();
+        let err = recv_plan(&mut waiting).unwrap_err();
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let _ = working.join();
+    }
 }
