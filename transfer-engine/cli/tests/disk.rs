@@ -550,24 +550,35 @@ mod crafted {
         }
     }
 
-    /// Handshake, then a disk SessionRequest and one manifest message;
-    /// returns the server's answer (the plan, or its error).
+    /// Handshake, then a disk SessionRequest and one manifest message of
+    /// 5-byte files; returns the server's answer (the plan, or its error).
     pub fn ask(
         port: u16,
         dest: &str,
         paths: &[&str],
+    ) -> longhaul_engine::Result<serde_json::Value> {
+        let files: Vec<(&str, u64)> = paths.iter().map(|p| (*p, 5)).collect();
+        ask_sized(port, dest, &files)
+    }
+
+    /// As [`ask`], with (path, size) entries, sparse when beyond 1 MiB.
+    pub fn ask_sized(
+        port: u16,
+        dest: &str,
+        files: &[(&str, u64)],
     ) -> longhaul_engine::Result<serde_json::Value> {
         let mut conn = handshake(port)?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_secs();
-        let entries: Vec<_> = paths
+        let entries: Vec<_> = files
             .iter()
             .enumerate()
-            .map(|(i, p)| {
-                json!({"id": i, "path": p, "dir": false, "size": 5, "mode": 0o644,
-                       "mtime_sec": now, "mtime_nsec": 0, "sparse": false, "device": "x"})
+            .map(|(i, (p, size))| {
+                json!({"id": i, "path": p, "dir": false, "size": size, "mode": 0o644,
+                       "mtime_sec": now, "mtime_nsec": 0, "sparse": *size > 1 << 20,
+                       "device": "x"})
             })
             .collect();
         conn.send(&Message::SessionRequest(SessionRequest {
@@ -657,6 +668,28 @@ fn crafted_manifests_escaping_the_root_are_refused() {
         "something was written outside the root"
     );
     assert!(root.join("fine").is_dir());
+}
+
+/// Sizes come from the client: a sparse entry of 2^62 bytes, which a single
+/// `Hole` frame over it made the server's writer fold chunk by chunk for
+/// hours, is refused by name; the others are planned.
+#[test]
+fn crafted_manifest_entries_beyond_the_largest_file_are_refused() {
+    let t = Scratch::new("too-big");
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let files = [("fine", 5), ("huge", 1 << 62), ("big-but-fine", 1 << 40)];
+    let plan = crafted::ask_sized(server.port, "in", &files).unwrap();
+    assert_eq!(plan["disk"], "plan");
+    let refused = plan["plan"]["refused"].as_array().unwrap();
+    assert_eq!(refused.len(), 1, "{plan}");
+    assert_eq!(refused[0]["id"], 1, "{plan}");
+    let error = refused[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("in/huge") && error.contains("largest file this receiver takes"),
+        "{plan}"
+    );
 }
 
 // ------------------------------------------------------------ "verified" never lies

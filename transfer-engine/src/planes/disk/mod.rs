@@ -56,6 +56,17 @@ use std::path::PathBuf;
 /// stay far under the 256 MiB RSS budget. Part of the wire format.
 pub const CHUNK_SIZE: u64 = 1 << 20;
 
+/// Largest file a receiver takes (1 PiB); a bigger manifest entry is
+/// refused by name. Manifest sizes come from the peer, and a sparse entry
+/// costs nothing to claim: one `Hole` frame over it makes the writer fold a
+/// zero hash per chunk, so 2^62 bytes held a writer for hours. 1 PiB is 2^30
+/// chunks, about a second to fold ([`checksum::FileDigest::push_repeated`]),
+/// and far above what is moved as one file: ext4 stops at 16 TiB, and the
+/// largest files of data-movement campaigns (disk images, experiment runs,
+/// database dumps) are a few TiB. XFS, btrfs and ZFS allow 8-16 EiB, so this
+/// is a policy, not a file system limit.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+
 /// Alignment of buffers, offsets and lengths for O_DIRECT.
 pub const DIRECT_ALIGN: usize = 4096;
 

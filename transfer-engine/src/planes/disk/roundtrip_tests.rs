@@ -564,3 +564,166 @@ fn each_device_group_is_read_by_its_own_workers_and_counted() {
     );
     fs::remove_dir_all(&base).unwrap();
 }
+
+/// A manifest of one file, `size` bytes, as a client could send it.
+fn manifest_of(path: &str, size: u64, sparse: bool) -> super::wire::Manifest {
+    super::wire::Manifest {
+        dest: String::new(),
+        resume: false,
+        chunk_size: CHUNK_SIZE,
+        entries: vec![super::wire::ManifestEntry {
+            id: 0,
+            path: path.into(),
+            dir: false,
+            size,
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            sparse,
+            device: "x".into(),
+            checksum: None,
+        }],
+    }
+}
+
+/// Runs `rx`'s intake on one end of a loopback pair while `frames` writes
+/// raw frames into the other; returns how the receiving stream ended.
+fn receive_raw(
+    rx: &Arc<ReceivePipeline>,
+    frames: impl FnOnce(&mut std::io::BufWriter<TcpStream>) -> std::io::Result<()> + Send + 'static,
+) -> crate::Result<u64> {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let sender = std::thread::spawn(move || {
+        let mut out = std::io::BufWriter::new(a);
+        // The receiver may hang up in the middle: that is the point.
+        let _ = frames(&mut out).and_then(|()| std::io::Write::flush(&mut out));
+    });
+    let (tx, done) = mpsc::channel();
+    let finished: stream::Finished = Box::new(move |r| {
+        let _ = tx.send(r);
+    });
+    let sink = Box::new(DiskSink {
+        intake: Intake::new(rx.clone()),
+    });
+    stream::start(vec![(
+        Arc::new(StreamStats::new(0, Role::Receive, b)),
+        Work::Receive(sink),
+        finished,
+    )])
+    .unwrap();
+    let r = done
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the stream ends");
+    sender.join().unwrap();
+    r
+}
+
+/// A sender that never sends a file's first chunk, then a `Hole` frame for
+/// each chunk after it: each would wait in the file's digest for chunk 0,
+/// one B-tree entry per 32-byte frame. Past the session's bound the stream
+/// fails with a protocol error naming the file, and what waits stays
+/// within the bound.
+#[test]
+fn holes_ahead_of_a_missing_chunk_are_refused_past_the_bound() {
+    use super::wire::{write_frame, FrameHeader, FrameKind};
+    use super::writer::MAX_PARKED_BLOCKS;
+
+    let base = tmp("hole-flood");
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    // Sparse: the receiver only sets its size (4 TiB, within ext4's 16).
+    let manifest = manifest_of("huge", 4 << 40, true);
+    let opts = DiskOptions::default();
+    let (rx, plan) = ReceivePipeline::prepare(&root, &manifest, &opts, None).unwrap();
+    assert!(plan.refused.is_empty(), "{plan:?}");
+    let sent = MAX_PARKED_BLOCKS as u64 + 50_000;
+    let r = receive_raw(&rx, move |out| {
+        for k in 1..=sent {
+            let mut h = FrameHeader::new(FrameKind::Hole, 0);
+            h.offset = k * CHUNK_SIZE;
+            h.value = CHUNK_SIZE;
+            write_frame(out, &h, &[])?;
+        }
+        write_frame(out, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])
+    });
+    let err = r.expect_err("the flood was taken whole").to_string();
+    assert!(
+        err.contains("block for huge refused") && err.contains("wait for earlier chunks"),
+        "{err}"
+    );
+    // Beyond the bound only what the writer's queue held when the stream
+    // failed (4 frames) got parked.
+    let parked = rx.parked_blocks();
+    assert!(
+        (MAX_PARKED_BLOCKS..MAX_PARKED_BLOCKS + 16).contains(&parked),
+        "{parked} blocks parked"
+    );
+    let report = rx.finish();
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert_eq!(report.failures[0].path, "huge");
+    fs::remove_dir_all(&base).unwrap();
+}
+
+/// Sizes come from the client: an entry beyond the largest file a receiver
+/// takes is refused by name (a `Hole` frame over 2^62 bytes held a writer
+/// for hours), one of exactly that size is not.
+#[test]
+fn a_manifest_entry_beyond_the_size_limit_is_refused_by_name() {
+    use super::MAX_FILE_SIZE;
+
+    let base = tmp("too-big");
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let mut manifest = manifest_of("too-big", 1 << 62, true);
+    let mut at_limit = manifest.entries[0].clone();
+    at_limit.id = 1;
+    at_limit.path = "at-limit".into();
+    at_limit.size = MAX_FILE_SIZE;
+    manifest.entries.push(at_limit);
+    let opts = DiskOptions::default();
+    let (rx, plan) = ReceivePipeline::prepare(&root, &manifest, &opts, None).unwrap();
+    assert_eq!(plan.refused.len(), 1, "{plan:?}");
+    let refused = &plan.refused[0];
+    assert_eq!((refused.id, refused.code.as_str()), (0, "refused"));
+    assert!(
+        refused.error.contains("too-big")
+            && refused.error.contains("largest file this receiver takes"),
+        "{refused:?}"
+    );
+    let report = rx.finish();
+    assert_eq!(report.failures.len(), 2, "{report:?}");
+    fs::remove_dir_all(&base).unwrap();
+}
+
+/// Many streams reorder a file's chunks the most: 64 streams carrying a
+/// sparse file (a hole frame between most data frames) and a file of many
+/// chunks stay far below the parked-block bound and round-trip.
+#[test]
+fn sixty_four_streams_with_sparse_and_many_chunk_files_round_trip() {
+    let base = tmp("many-streams");
+    let top = base.join("src/top");
+    fs::create_dir_all(&top).unwrap();
+    fs::write(top.join("long"), pattern(200 * CHUNK_SIZE as usize + 9, 7)).unwrap();
+    let sparse = fs::File::create(top.join("sparse")).unwrap();
+    sparse.set_len(300 * CHUNK_SIZE + 5).unwrap();
+    for i in (0..300).step_by(3) {
+        sparse
+            .write_at(&pattern(4096, i as u8), i * CHUNK_SIZE + 100)
+            .unwrap();
+    }
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions {
+        streams: 64,
+        resume: false,
+        ..DiskOptions::default()
+    };
+    let out = transfer(std::slice::from_ref(&top), &root, "in", &opts);
+    assert!(out.report.failures.is_empty(), "{:?}", out.report.failures);
+    assert!(out.sender_failures.is_empty());
+    assert_eq!(out.report.files, 2);
+    assert_same_tree(&top, &root.join("in/top"));
+    fs::remove_dir_all(&base).unwrap();
+}

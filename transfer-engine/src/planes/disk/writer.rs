@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -41,7 +41,7 @@ use super::wire::{
     DiskReport, FileFailure, FrameHeader, FrameKind, Manifest, ManifestEntry, Plan,
     FRAME_HEADER_LEN,
 };
-use super::{DiskError, DiskOptions, CHUNK_SIZE, DIRECT_ALIGN};
+use super::{DiskError, DiskOptions, CHUNK_SIZE, DIRECT_ALIGN, MAX_FILE_SIZE};
 use crate::datapath::{Progress, StreamIo};
 use crate::workers::{WaitList, Waker};
 
@@ -49,6 +49,41 @@ use crate::workers::{WaitList, Waker};
 /// crash loses at most this much progress, and a 2 GiB file costs ~128
 /// small renames.
 const STATE_SAVE_BYTES: u64 = 16 << 20;
+
+/// Most blocks (data or hole frames) a session's writers keep parked, in
+/// all its files' [`OrderedDigest`]s, waiting for an earlier chunk of their
+/// file; a frame beyond that fails the session, naming its file. A parked
+/// block costs ~50 bytes (a B-tree entry, measured), so this is ~50 MiB,
+/// well under the session's block pool. Without it a sender that never
+/// sent chunk 0 parked one entry per 32-byte `Hole` frame: ~1 GiB for
+/// 512 MB of frames into one sparse 16 TiB file, more over many files.
+///
+/// One bound per session, not per file: a per-file bound alone allows it
+/// once per manifest entry (4 Mi of them), and one big file can honestly
+/// take all of a session's reordering, so a per-file bound could not be
+/// lower than this one.
+///
+/// How far an honest sender gets ahead: one reader reads each file in
+/// order, so a chunk is overtaken by later chunks of its file only
+/// - among its reader's reads in flight (`READ_DEPTH` - 1 = 3);
+/// - between the streams: once a stream has written a frame into its
+///   socket the frame holds no pool buffer, so while it waits behind its
+///   stream's socket buffers the other streams go on. At most about
+///   (streams - 1) x both ends' socket buffers (the kernel doubles what is
+///   asked): ~500 chunks at 64 streams with the default 2 MB, ~8 K at
+///   1,024 streams, ~260 K at 1,024 streams with 64 MB;
+/// - on this side, while it waits for a pool buffer, for room in its
+///   writer's queue or for its write: within the pool, the queues and the
+///   writes in flight, ~1.2 K blocks at 1,024 streams;
+/// - and a sparse file adds at most one hole frame per data frame (x 2).
+///
+/// (64 streams over loopback peak at ~80.) The part between the streams is
+/// bounded by time more than by buffers: a stream slowed to a trickle (not
+/// idle, so the 30 s data idle timeout spares it) holds its chunk back
+/// while the others deliver. 1 Mi still covers a chunk held back a whole
+/// 30 s while the others move 100 Gb/s, with a hole frame next to every
+/// data frame (2 x 30 s x 12.5 GB/s / 1 MiB = ~720 K).
+pub const MAX_PARKED_BLOCKS: usize = 1 << 20;
 
 /// A file the receiver expects blocks for.
 #[derive(Debug, Clone)]
@@ -105,6 +140,9 @@ struct Shared {
     groups: Vec<Arc<DeviceGroup>>,
     totals: Mutex<Totals>,
     written: AtomicU64,
+    /// Blocks parked in the writers' digests ([`MAX_PARKED_BLOCKS`]): the
+    /// writers count, the streams refuse frames beyond the bound.
+    parked: AtomicUsize,
     direct: bool,
     /// This session's claims on its destination files: released when the
     /// last writer has ended (the writers hold `Shared`), not before, so no
@@ -182,6 +220,15 @@ impl ReceivePipeline {
                         path: path.clone(),
                         reason: format!(
                             "'{c}' is a name longhaul keeps for its own temporary files"
+                        ),
+                    });
+                }
+                if !e.dir && e.size > MAX_FILE_SIZE {
+                    return Err(DiskError::Refused {
+                        path: path.clone(),
+                        reason: format!(
+                            "{} bytes, more than the largest file this receiver takes ({MAX_FILE_SIZE} bytes, 1 PiB)",
+                            e.size
                         ),
                     });
                 }
@@ -276,6 +323,7 @@ impl ReceivePipeline {
             groups: map.groups().to_vec(),
             totals: Mutex::new(totals),
             written: AtomicU64::new(0),
+            parked: AtomicUsize::new(0),
             direct: opts.direct,
             _claims: claims,
         });
@@ -319,8 +367,15 @@ impl ReceivePipeline {
         self.shared.written.load(Ordering::Relaxed)
     }
 
+    /// Blocks parked in the writers' digests now ([`MAX_PARKED_BLOCKS`]).
+    #[cfg(test)]
+    pub(super) fn parked_blocks(&self) -> usize {
+        self.shared.parked.load(Ordering::Relaxed)
+    }
+
     /// Checks a frame header against the manifest: the file it names
-    /// and, for data and holes, that the range lies inside the file.
+    /// and, for data and holes, that the range lies inside the file and
+    /// that the session's parked blocks are below [`MAX_PARKED_BLOCKS`].
     fn check(&self, h: &FrameHeader) -> io::Result<&Expect> {
         let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
         let x = self
@@ -345,6 +400,18 @@ impl ReceivePipeline {
                 _ => return Err(bad(format!("hole outside {}", x.path))),
             },
             _ => {}
+        }
+        if matches!(h.kind, FrameKind::Data | FrameKind::Hole) {
+            // The writers count after the fact: this overshoots by at most
+            // what their queues and writes in flight hold.
+            let parked = self.shared.parked.load(Ordering::Relaxed);
+            if parked >= MAX_PARKED_BLOCKS {
+                return Err(bad(format!(
+                    "block for {} refused: {parked} blocks already wait for earlier chunks of \
+                     their files (at most {MAX_PARKED_BLOCKS}): the sender skips chunks",
+                    x.path
+                )));
+            }
         }
         Ok(x)
     }
@@ -715,8 +782,24 @@ struct Open {
     file: Arc<File>,
     direct: Option<Arc<File>>,
     digest: OrderedDigest,
+    /// Its digest's parked blocks, as counted into [`Shared::parked`].
+    parked: usize,
     end: Option<u64>,
     saved: u64,
+}
+
+impl Open {
+    /// After its digest took a chunk or a hole: count the change in its
+    /// parked blocks into the session's.
+    fn count_parked(&mut self, total: &AtomicUsize) {
+        let now = self.digest.parked();
+        if now > self.parked {
+            total.fetch_add(now - self.parked, Ordering::Relaxed);
+        } else {
+            total.fetch_sub(self.parked - now, Ordering::Relaxed);
+        }
+        self.parked = now;
+    }
 }
 
 /// What a writer worker hands its finisher: everything that touches a
@@ -871,7 +954,7 @@ impl Worker<'_> {
             return;
         }
         if let Work::Fail { message, .. } = work {
-            if let Some(o) = self.open.remove(&id) {
+            if let Some(o) = self.close(id) {
                 save(self.fin, &o, x);
             }
             let (code, msg) = message.split_once('\t').unwrap_or(("source", &message));
@@ -903,6 +986,7 @@ impl Worker<'_> {
                     // Already verified on this side (a resumed prefix).
                     sh.pool.put(buf);
                     o.digest.data(offset / CHUNK_SIZE, hash);
+                    o.count_parked(&sh.parked);
                 } else {
                     let aligned = buf.len() % DIRECT_ALIGN == 0;
                     let target = match &o.direct {
@@ -930,11 +1014,19 @@ impl Worker<'_> {
                 let first = offset / CHUNK_SIZE;
                 let count = chunk_count(offset + len) - first;
                 o.digest.zeros(first, count);
+                o.count_parked(&sh.parked);
             }
             Work::End { checksum, .. } => o.end = Some(checksum),
             Work::Fail { .. } => unreachable!("handled above"),
         }
         self.progressed(id);
+    }
+
+    /// Stops writing file `id`: its parked blocks no longer count.
+    fn close(&mut self, id: u32) -> Option<Open> {
+        let o = self.open.remove(&id)?;
+        self.sh.parked.fetch_sub(o.parked, Ordering::Relaxed);
+        Some(o)
     }
 
     /// A write completed.
@@ -951,7 +1043,7 @@ impl Worker<'_> {
             .expect("the intake checked the id");
         if let Err(e) = d.result {
             let e = DiskError::from_io(x.path.clone(), e);
-            if let Some(o) = self.open.remove(&t.file) {
+            if let Some(o) = self.close(t.file) {
                 save(self.fin, &o, x);
             }
             fail(sh, x, e.code(), e.to_string());
@@ -962,6 +1054,7 @@ impl Worker<'_> {
         sh.groups[x.group].add_written(len);
         if let Some(o) = self.open.get_mut(&t.file) {
             o.digest.data(t.offset / CHUNK_SIZE, t.hash);
+            o.count_parked(&sh.parked);
         }
         self.progressed(t.file);
     }
@@ -976,7 +1069,7 @@ impl Worker<'_> {
             return;
         };
         if o.digest.complete() && o.end.is_some() {
-            let o = self.open.remove(&id).expect("looked up above");
+            let o = self.close(id).expect("looked up above");
             self.closed.insert(id);
             let _ = self.fin.send(Finish::Complete {
                 id,
@@ -1076,6 +1169,7 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
         file: Arc::new(file),
         direct: direct.map(Arc::new),
         digest,
+        parked: 0,
         end: None,
         saved: x.from,
     })
