@@ -772,7 +772,7 @@ impl Reader {
         let src = r.it.src.display();
         let failure = r.failed.or_else(|| match r.file.metadata() {
             Err(e) => Some(DiskError::from_io(src.clone(), e)),
-            Ok(_) if !r.it.src.exists() => Some(DiskError::SourceVanished { path: src.clone() }),
+            Ok(_) if !r.it.src.exists(self.follow_symlinks) => Some(DiskError::SourceVanished { path: src.clone() }),
             Ok(md) if changed(&md, &r.it) => Some(DiskError::SourceChanged { path: src.clone() }),
             Ok(_) => None,
         });

@@ -71,9 +71,11 @@ impl SourcePath {
         }
     }
 
-    /// Whether it is still there (not following a final symlink).
-    pub fn exists(&self) -> bool {
+    /// Whether it is still there (a local path through a final symlink
+    /// with `follow`, as [`SourcePath::open`] went).
+    pub fn exists(&self, follow: bool) -> bool {
         match self {
+            SourcePath::Local(p) if follow => p.exists(),
             SourcePath::Local(p) => p.symlink_metadata().is_ok(),
             SourcePath::Beneath { root, rel } => root.exists_beneath(rel),
         }
