@@ -183,12 +183,20 @@ pub fn decode_disk_message(v: Value) -> Result<DiskMessage> {
     serde_json::from_value(v).map_err(|e| Error::Protocol(format!("malformed disk message: {e}")))
 }
 
-/// The next disk message other than `Working`.
-fn recv_mode(conn: &mut Connection) -> Result<DiskMessage> {
+/// The next disk message. `Working` is skipped where the peer may be busy
+/// before it answers (`busy_ok`: the plan, a pull's offer) and refused
+/// elsewhere: a push's manifest is walked and hashed before the client
+/// connects, so a client saying it is working there only holds the slot.
+fn recv_mode(conn: &mut Connection, busy_ok: bool) -> Result<DiskMessage> {
     loop {
         match conn.recv()? {
             Message::ModeData(v) => match decode_disk_message(v)? {
-                DiskMessage::Working => {}
+                DiskMessage::Working if busy_ok => {}
+                DiskMessage::Working => {
+                    return Err(Error::Protocol(
+                        "'working' where the answer was due at once".into(),
+                    ))
+                }
                 m => return Ok(m),
             },
             other => {
@@ -354,7 +362,7 @@ fn recv_manifest(conn: &mut Connection, count: u64) -> Result<Vec<ManifestEntry>
     }
     let mut entries = Vec::with_capacity(count as usize);
     while (entries.len() as u64) < count {
-        match recv_mode(conn)? {
+        match recv_mode(conn, false)? {
             DiskMessage::Manifest { entries: e } => entries.extend(e),
             other => {
                 return Err(Error::Protocol(format!(
@@ -375,7 +383,7 @@ fn recv_manifest(conn: &mut Connection, count: u64) -> Result<Vec<ManifestEntry>
 fn recv_plan(conn: &mut Connection) -> Result<Plan> {
     let mut plan = Plan::default();
     loop {
-        match recv_mode(conn)? {
+        match recv_mode(conn, true)? {
             DiskMessage::Plan { plan: p, last } => {
                 plan.skip.extend(p.skip);
                 plan.resume.extend(p.resume);
@@ -544,7 +552,7 @@ impl ReceiverPlane {
         let Some((_, dest, opts)) = &self.pull else {
             return Ok(());
         };
-        let (count, chunk_size) = match recv_mode(conn)? {
+        let (count, chunk_size) = match recv_mode(conn, true)? {
             DiskMessage::Offer {
                 entries,
                 chunk_size,
@@ -557,11 +565,9 @@ impl ReceiverPlane {
             chunk_size,
             entries: recv_manifest(conn, count)?,
         };
-        let (pipeline, plan) = keep_alive(conn, WORKING_EVERY, || {
+        let pipeline = answer_plan(conn, WORKING_EVERY, || {
             ReceivePipeline::prepare(dest, &manifest, opts, None)
-        })?
-        .map_err(to_error)?;
-        send_plan(conn, plan)?;
+        })?;
         let _ = self.pipeline.set(pipeline);
         Ok(())
     }
@@ -629,11 +635,9 @@ fn receive_push(
         chunk_size: params.chunk_size,
         entries,
     };
-    let (pipeline, plan) = keep_alive(conn, WORKING_EVERY, || {
+    let pipeline = answer_plan(conn, WORKING_EVERY, || {
         ReceivePipeline::prepare(root, &manifest, &opts, Some(claimant))
-    })?
-    .map_err(to_error)?;
-    send_plan(conn, plan)?;
+    })?;
     let plane = ReceiverPlane {
         pipeline: OnceLock::new(),
         pull: None,
@@ -673,6 +677,19 @@ fn serve_pull(req: &SessionRequest, root: &Path, conn: &mut Connection) -> Resul
     }
     plane.negotiate(conn, true)?;
     Ok(plane)
+}
+
+/// The receiver's side of the exchange once it has the manifest: `prepare`
+/// (which checks what is already there, reading existing files for
+/// `--checksum` and resume) while the peer hears `Working`, then the plan.
+fn answer_plan(
+    conn: &mut Connection,
+    every: Duration,
+    prepare: impl FnOnce() -> Result<(Arc<ReceivePipeline>, Plan), DiskError>,
+) -> Result<Arc<ReceivePipeline>> {
+    let (pipeline, plan) = keep_alive(conn, every, prepare)?.map_err(to_error)?;
+    send_plan(conn, plan)?;
+    Ok(pipeline)
 }
 
 fn send_plan(conn: &mut Connection, plan: Plan) -> Result<()> {
@@ -951,11 +968,11 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::time::Instant;
 
-    /// An end that takes longer to answer than the handshake timeout its
+    /// A receiver that takes longer to plan than the handshake timeout its
     /// peer gives each message: told it is working, the peer waits for the
-    /// answer; answering the same way in silence, the peer gives up.
+    /// plan; planning the same way in silence, the peer gives up.
     #[test]
-    fn a_slow_answer_kept_alive_arrives_and_a_silent_one_times_out() {
+    fn a_slow_plan_kept_alive_arrives_and_a_silent_one_times_out() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut waiting =
             Connection::new(TcpStream::connect(l.local_addr().unwrap()).unwrap()).unwrap();
@@ -963,31 +980,48 @@ mod tests {
         waiting
             .set_timeout(Some(Duration::from_millis(600)))
             .unwrap();
-        let work = || std::thread::sleep(Duration::from_secs(2));
-        let answer = |mut conn: Connection, kept: bool| {
+        let base = std::env::temp_dir().join(format!("lh-plane-slow-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let manifest = Manifest {
+            dest: String::new(),
+            resume: true,
+            chunk_size: CHUNK_SIZE,
+            entries: Vec::new(),
+        };
+        let answer = |mut conn: Connection, every: Duration| {
+            let (base, manifest) = (base.clone(), manifest.clone());
             std::thread::spawn(move || {
-                if kept {
-                    keep_alive(&conn, Duration::from_millis(100), work).unwrap();
-                } else {
-                    work();
-                }
-                let plan = Plan {
-                    skip: vec![7],
-                    ..Plan::default()
-                };
-                send_plan(&mut conn, plan).map(|()| conn)
+                answer_plan(&mut conn, every, || {
+                    std::thread::sleep(Duration::from_secs(2));
+                    ReceivePipeline::prepare(&base, &manifest, &DiskOptions::default(), None)
+                })
+                .map(|_| conn)
             })
         };
         let started = Instant::now();
-        let working = answer(working, true);
-        let plan = recv_plan(&mut waiting).unwrap();
-        assert_eq!(plan.skip, [7]);
+        let working = answer(working, Duration::from_millis(100));
+        recv_plan(&mut waiting).unwrap();
         assert!(started.elapsed() >= Duration::from_secs(2));
-        let working = answer(working.join().unwrap().unwrap(), false);
+        // Told less often than the peer's timeout: as good as silent.
+        let working = answer(working.join().unwrap().unwrap(), Duration::from_secs(60));
         let started = Instant::now();
         let err = recv_plan(&mut waiting).unwrap_err();
         assert!(matches!(err, Error::Timeout(_)), "{err}");
         assert!(started.elapsed() < Duration::from_secs(2));
         let _ = working.join();
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// Where the answer is due at once (a push's manifest), `working` is a
+    /// protocol error, not a way to hold the server's slot.
+    #[test]
+    fn working_where_the_manifest_is_due_is_refused() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client =
+            Connection::new(TcpStream::connect(l.local_addr().unwrap()).unwrap()).unwrap();
+        let mut server = Connection::new(l.accept().unwrap().0).unwrap();
+        send_mode(&mut client, &DiskMessage::Working).unwrap();
+        let err = recv_manifest(&mut server, 1).unwrap_err();
+        assert!(err.to_string().contains("'working'"), "{err}");
     }
 }

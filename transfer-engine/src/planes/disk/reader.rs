@@ -52,9 +52,11 @@ pub struct SendItem {
     pub src: SourcePath,
     pub size: u64,
     pub mtime: (i64, u32),
-    /// (st_dev, st_ino) the walk saw: a file put in its place since then
-    /// is not the file listed.
-    pub identity: (u64, u64),
+    /// st_ino the walk saw: a file put in its place since then is not the
+    /// file listed. (Not st_dev too: on overlayfs before Linux 4.19 an
+    /// open file reports the lower file system's device, its path the
+    /// overlay's.)
+    pub ino: u64,
     pub sparse: bool,
     /// Index of its device group.
     pub group: usize,
@@ -521,7 +523,7 @@ fn changed(md: &std::fs::Metadata, it: &SendItem) -> bool {
     md.len() != it.size
         || md.mtime() != it.mtime.0
         || md.mtime_nsec() as u32 != it.mtime.1
-        || (md.dev(), md.ino()) != it.identity
+        || md.ino() != it.ino
 }
 
 impl Reader {
@@ -772,7 +774,9 @@ impl Reader {
         let src = r.it.src.display();
         let failure = r.failed.or_else(|| match r.file.metadata() {
             Err(e) => Some(DiskError::from_io(src.clone(), e)),
-            Ok(_) if !r.it.src.exists(self.follow_symlinks) => Some(DiskError::SourceVanished { path: src.clone() }),
+            Ok(_) if !r.it.src.exists(self.follow_symlinks) => {
+                Some(DiskError::SourceVanished { path: src.clone() })
+            }
             Ok(md) if changed(&md, &r.it) => Some(DiskError::SourceChanged { path: src.clone() }),
             Ok(_) => None,
         });

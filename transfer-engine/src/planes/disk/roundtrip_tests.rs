@@ -508,6 +508,40 @@ fn source_changed_before_reading_is_named() {
     }
 }
 
+/// A FIFO put in a listed file's place after the walk: the reader does not
+/// wait for a writer that never comes; the file fails, the others arrive.
+#[test]
+fn a_fifo_in_a_listed_file_s_place_fails_that_file_at_once() {
+    let base = tmp("fifo");
+    let top = base.join("t");
+    fs::create_dir_all(&top).unwrap();
+    fs::write(top.join("a"), b"aaa").unwrap();
+    fs::write(top.join("b"), b"bbb").unwrap();
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let opts = DiskOptions::default();
+    let src = SourceSet::build(std::slice::from_ref(&top), "", &opts).unwrap();
+    fs::remove_file(top.join("a")).unwrap();
+    let fifo = std::ffi::CString::new(top.join("a").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let Outcome {
+        report,
+        sender_failures,
+        ..
+    } = transfer_source(src, &root, &opts);
+    assert_eq!(sender_failures.len(), 1, "{sender_failures:?}");
+    assert!(
+        sender_failures[0]
+            .error
+            .contains("no longer a regular file"),
+        "{sender_failures:?}"
+    );
+    assert_eq!(report.failures.len(), 1, "{report:?}");
+    assert_eq!(fs::read(root.join("t/b")).unwrap(), b"bbb");
+    fs::remove_dir_all(&base).unwrap();
+}
+
 #[test]
 fn each_device_group_is_read_by_its_own_workers_and_counted() {
     use super::devices::DeviceGroup;
@@ -529,7 +563,7 @@ fn each_device_group_is_read_by_its_own_workers_and_counted() {
             src: super::walk::SourcePath::Local(p),
             size: *size,
             mtime: (md.mtime(), md.mtime_nsec() as u32),
-            identity: (md.dev(), md.ino()),
+            ino: md.ino(),
             sparse: false,
             group: *group,
             from: 0,

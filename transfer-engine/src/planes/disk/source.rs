@@ -73,7 +73,7 @@ impl SourceSet {
                     src: e.src.clone(),
                     size: e.size,
                     mtime: e.mtime,
-                    identity: (e.dev, e.ino),
+                    ino: e.ino,
                     sparse: e.sparse,
                     group,
                     from: 0,

@@ -56,19 +56,36 @@ impl SourcePath {
 
     /// Open for reading with `flags` (O_DIRECT, say) added to O_RDONLY.
     /// A local path follows a symlink in its last component only with
-    /// `follow`; a path beneath the root follows none anywhere.
+    /// `follow`; a path beneath the root follows none anywhere. Only a
+    /// regular file opens: the open does not block (O_NONBLOCK, cleared
+    /// again before it is read) so a FIFO put in a listed file's place is
+    /// refused at once instead of holding a reader until someone writes.
     pub fn open(&self, flags: libc::c_int, follow: bool) -> io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
-        match self {
+        let flags = flags | libc::O_NONBLOCK;
+        let file = match self {
             SourcePath::Local(p) => {
                 let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
                 std::fs::OpenOptions::new()
                     .read(true)
                     .custom_flags(flags | nofollow)
-                    .open(p)
+                    .open(p)?
             }
-            SourcePath::Beneath { root, rel } => root.open_beneath(rel, libc::O_RDONLY | flags),
+            SourcePath::Beneath { root, rel } => root.open_beneath(rel, libc::O_RDONLY | flags)?,
+        };
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::other(format!(
+                "{}: no longer a regular file",
+                self.display()
+            )));
         }
+        // Blocking again: io_uring answers EAGAIN for a non-blocking file
+        // instead of waiting for the disk.
+        // SAFETY: fcntl on a descriptor we own.
+        let fl = cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) })?;
+        Ok(file)
     }
 
     /// Whether it is still there (a local path through a final symlink
@@ -237,14 +254,28 @@ struct Node {
     /// Path in the manifest.
     rel: String,
     src: SourcePath,
-    /// The directory it is in and its name there (None for a local
-    /// `PATH` argument, opened by its path).
-    at: Option<Arc<OwnedFd>>,
-    name: CString,
     st: libc::stat,
 }
 
 impl SourcePath {
+    /// Open it as a directory: a local path through a final symlink only
+    /// with `follow`; beneath the root through none.
+    fn open_dir(&self, follow: bool) -> Result<OwnedFd> {
+        match self {
+            SourcePath::Local(p) => {
+                let c = CString::new(p.as_os_str().as_bytes()).map_err(|_| DiskError::Refused {
+                    path: p.display().to_string(),
+                    reason: "NUL byte in path".into(),
+                })?;
+                open_dir_at(None, &c, follow).map_err(|e| io_err(p.display(), e))
+            }
+            SourcePath::Beneath { root, rel } => {
+                let comps = safepath::components(rel)?;
+                Ok(root.open_dir(&comps, false, rel)?.into_fd())
+            }
+        }
+    }
+
     /// The entry `name` inside this directory.
     fn child(&self, name: &str) -> SourcePath {
         match self {
@@ -280,8 +311,6 @@ pub fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
         tops.push(Node {
             rel: utf8_name(p.display(), &name)?,
             src: SourcePath::Local(p.clone()),
-            at: None,
-            name: c,
             st,
         });
     }
@@ -292,17 +321,16 @@ pub fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
 /// path that leaves the root (absolute, `..`, a symlink anywhere on the
 /// way, the last component included) is refused; a missing one is an
 /// error naming it. Below them symlinks are skipped with a warning, and
-/// every directory is opened from its parent's descriptor without
-/// following one, so no listing and no read leaves the root, whatever is
-/// renamed or replaced in the tree meanwhile.
+/// every directory is opened from the root's descriptor one component at a
+/// time without following one, so no listing and no read leaves the root,
+/// whatever is renamed or replaced in the tree meanwhile.
 pub fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
     let base = Arc::new(Root::open(root)?);
     let mut tops = Vec::with_capacity(rels.len());
     for rel in rels {
         let comps = safepath::components(rel)?;
         let (name, parent) = comps.split_last().expect("components are never empty");
-        let dir = base.open_dir(parent, false, rel)?;
-        let st = match dir.stat(name) {
+        let st = match base.open_dir(parent, false, rel)?.stat(name) {
             Ok(Some(st)) if kind_of(&st) == libc::S_IFLNK => {
                 return Err(DiskError::Refused {
                     path: rel.escape_debug().to_string(),
@@ -324,8 +352,6 @@ pub fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
                 root: base.clone(),
                 rel: rel.clone(),
             },
-            at: Some(Arc::new(dir.into_fd())),
-            name: CString::new(*name).expect("components hold no NUL"),
             st,
         });
     }
@@ -344,8 +370,9 @@ fn walk_nodes(tops: Vec<Node>, follow: bool) -> Result<Walk> {
             });
         }
         // Depth-first with an explicit stack: deep trees cannot overflow
-        // it. A directory's descriptor stays open while its children wait
-        // on the stack, so at most one per level of depth is open.
+        // it. One directory is open at a time, while it is listed; paths
+        // are at most MAX_PATH_BYTES, so a tree nested without end costs
+        // neither descriptors nor unbounded memory.
         let mut stack = vec![top];
         while let Some(node) = stack.pop() {
             let shown = node.src.display();
@@ -358,8 +385,7 @@ fn walk_nodes(tops: Vec<Node>, follow: bool) -> Result<Walk> {
                         .push(entry(node.rel, node.src, &node.st, Kind::File));
                 }
                 libc::S_IFDIR => {
-                    let fd = open_dir_at(node.at.as_deref(), &node.name, follow)
-                        .map_err(|e| io_err(&shown, e))?;
+                    let fd = node.src.open_dir(follow)?;
                     // What was opened, not what was looked at before: the
                     // name may have been given to another directory since.
                     let st = fstat(&fd).map_err(|e| io_err(&shown, e))?;
@@ -368,11 +394,20 @@ fn walk_nodes(tops: Vec<Node>, follow: bool) -> Result<Walk> {
                             .push(format!("skipped directory loop at {shown}"));
                         continue;
                     }
-                    let fd = Arc::new(fd);
                     let mut children = Vec::new();
                     for name in names_in(&fd).map_err(|e| io_err(&shown, e))? {
                         let cshown = format!("{shown}/{}", name.to_string_lossy());
                         let cname = utf8_name(&cshown, &name)?;
+                        let rel = format!("{}/{cname}", node.rel);
+                        if rel.len() > safepath::MAX_PATH_BYTES {
+                            return Err(DiskError::Refused {
+                                path: cshown,
+                                reason: format!(
+                                    "its path in the transfer is longer than {} bytes",
+                                    safepath::MAX_PATH_BYTES
+                                ),
+                            });
+                        }
                         // Before its metadata: such a file may be renamed away
                         // by the transfer writing it.
                         if super::partial::is_internal(&cname) {
@@ -392,10 +427,8 @@ fn walk_nodes(tops: Vec<Node>, follow: bool) -> Result<Walk> {
                             Err(e) => return Err(io_err(&cshown, e)),
                         };
                         children.push(Node {
-                            rel: format!("{}/{cname}", node.rel),
+                            rel,
                             src: node.src.child(&cname),
-                            at: Some(fd.clone()),
-                            name: c,
                             st: cst,
                         });
                     }
@@ -415,6 +448,7 @@ fn walk_nodes(tops: Vec<Node>, follow: bool) -> Result<Walk> {
 mod tests {
     use super::*;
     use std::fs;
+    use std::process::Command;
 
     #[test]
     fn walks_tree_keeping_empty_things_and_skipping_symlinks() {
@@ -500,5 +534,31 @@ mod tests {
             "{e}"
         );
         fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_tree_deeper_than_a_path_may_be_is_refused_by_name() {
+        let base = std::env::temp_dir().join(format!("lh-walkd-{}", std::process::id()));
+        let root = base.join("root");
+        fs::create_dir_all(&root).unwrap();
+        // 17 levels of 250-byte names: 4,266 bytes, longer than any path
+        // a receiver takes; made from descriptors, as no path reaches it.
+        let name = "n".repeat(250);
+        let nest = |top: &'static str, levels: usize| {
+            let mut comps = vec![top];
+            comps.extend(std::iter::repeat_n(name.as_str(), levels));
+            Root::open(&root)
+                .unwrap()
+                .open_dir(&comps, true, top)
+                .unwrap();
+        };
+        nest("deep", 17);
+        let e = walk_beneath(&root, &["deep".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("longer than 4096 bytes"), "{e}");
+        // 16 levels, 4,015 bytes: walked.
+        nest("fits", 16);
+        let w = walk_beneath(&root, &["fits".to_string()]).unwrap();
+        assert_eq!(w.entries.len(), 17);
+        Command::new("rm").arg("-rf").arg(&base).status().unwrap();
     }
 }
