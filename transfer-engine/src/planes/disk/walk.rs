@@ -191,14 +191,13 @@ fn stat_at(dir: Option<&OwnedFd>, name: &CStr, follow: bool) -> io::Result<libc:
     Ok(st)
 }
 
-/// Open directory `name` in `dir` (or the path `name`), not through a
-/// final symlink unless `follow`.
-fn open_dir_at(dir: Option<&OwnedFd>, name: &CStr, follow: bool) -> io::Result<OwnedFd> {
-    let fd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+/// Open the directory at `path`, not through a final symlink unless
+/// `follow`.
+fn open_dir_path(path: &CStr, follow: bool) -> io::Result<OwnedFd> {
     let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | nofollow;
-    // SAFETY: valid dirfd (or AT_FDCWD) and NUL-terminated name.
-    let r = cvt(unsafe { libc::openat(fd, name.as_ptr(), flags) })?;
+    // SAFETY: NUL-terminated path.
+    let r = cvt(unsafe { libc::open(path.as_ptr(), flags) })?;
     // SAFETY: r is a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
@@ -267,7 +266,7 @@ impl SourcePath {
                     path: p.display().to_string(),
                     reason: "NUL byte in path".into(),
                 })?;
-                open_dir_at(None, &c, follow).map_err(|e| io_err(p.display(), e))
+                open_dir_path(&c, follow).map_err(|e| io_err(p.display(), e))
             }
             SourcePath::Beneath { root, rel } => {
                 let comps = safepath::components(rel)?;
