@@ -1073,15 +1073,21 @@ mod tests {
         State::from_byte(b[0]).unwrap()
     }
 
-    /// A reverse test (`iperf3 -c -R`) step by step, up to the server's
-    /// DISPLAY_RESULTS: reads the data for `read_for`, then says TEST_END
-    /// and exchanges results. Returns the control connection, and the
-    /// bytes that arrived in all and after `late_from`.
+    /// A reverse test (`iperf3 -c -R -t time -b 8M`) step by step, up to
+    /// the server's DISPLAY_RESULTS: reads the data for `read_for`, then
+    /// says TEST_END and exchanges results. Returns the control connection,
+    /// and the bytes that arrived in all and after `late_from`.
     fn reverse_test_to_display_results(
-        params: Params,
+        time: u64,
         read_for: Duration,
         late_from: Duration,
     ) -> (TcpStream, u64, u64) {
+        let params = Params {
+            time,
+            reverse: true,
+            bandwidth: 8_000_000,
+            ..Params::default()
+        };
         let server =
             Iperf3Server::bind(Iperf3Options::new("127.0.0.1:0"), Arc::new(Registry::new()))
                 .unwrap();
@@ -1144,16 +1150,9 @@ mod tests {
 
     #[test]
     fn a_reverse_test_of_time_0_sends_until_the_client_ends_it() {
-        // iperf3 -c -R -t 0 -b 8M: past the server's SEND_GRACE (5 s), data
-        // still arrives.
-        let params = Params {
-            time: 0,
-            reverse: true,
-            bandwidth: 8_000_000,
-            ..Params::default()
-        };
+        // -t 0: past the server's SEND_GRACE (5 s), data still arrives.
         let (ctrl, total, late) = reverse_test_to_display_results(
-            params,
+            0,
             Duration::from_secs(7),
             SEND_GRACE + Duration::from_secs(1),
         );
@@ -1165,14 +1164,8 @@ mod tests {
 
     #[test]
     fn junk_after_the_results_ends_the_test_at_once() {
-        let params = Params {
-            time: 1,
-            reverse: true,
-            bandwidth: 8_000_000,
-            ..Params::default()
-        };
         let (ctrl, total, _) =
-            reverse_test_to_display_results(params, Duration::from_secs(1), Duration::ZERO);
+            reverse_test_to_display_results(1, Duration::from_secs(1), Duration::ZERO);
         assert!(total > 0);
         // No IPERF_DONE: a byte that is no iperf3 state, and then nothing.
         let said = Instant::now();

@@ -136,11 +136,7 @@ pub fn keep_alive<T>(conn: &Connection, every: Duration, work: impl FnOnce() -> 
         .socket()
         .try_clone()
         .map_err(|e| Error::io("control connection", e))?;
-    let frame = Message::ModeData(
-        serde_json::to_value(DiskMessage::Working)
-            .map_err(|e| Error::Protocol(format!("encoding disk message: {e}")))?,
-    )
-    .to_frame()?;
+    let frame = mode_message(&DiskMessage::Working)?.to_frame()?;
     let (done, stop) = std::sync::mpsc::channel::<()>();
     Ok(std::thread::scope(|scope| {
         scope.spawn(move || {
@@ -172,10 +168,15 @@ pub fn to_error(e: DiskError) -> Error {
     }
 }
 
+/// A disk message as the `ModeData` control message that carries it.
+fn mode_message(m: &DiskMessage) -> Result<Message> {
+    serde_json::to_value(m)
+        .map(Message::ModeData)
+        .map_err(|e| Error::Protocol(format!("encoding disk message: {e}")))
+}
+
 fn send_mode(conn: &mut Connection, m: &DiskMessage) -> Result<()> {
-    let v = serde_json::to_value(m)
-        .map_err(|e| Error::Protocol(format!("encoding disk message: {e}")))?;
-    conn.send(&Message::ModeData(v))
+    conn.send(&mode_message(m)?)
 }
 
 /// A `ModeData` body as a disk message.

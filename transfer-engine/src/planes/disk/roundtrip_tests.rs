@@ -375,32 +375,48 @@ fn escaping_manifest_paths_are_refused_and_nothing_lands_outside() {
     fs::remove_dir_all(&base).unwrap();
 }
 
+/// A listed file gone after the walk, or a FIFO put in its place (the
+/// reader does not wait for a writer that never comes): that file fails,
+/// named, and the others arrive.
 #[test]
 fn vanished_source_is_named_and_others_continue() {
-    let base = tmp("vanish");
-    let top = base.join("t");
-    fs::create_dir_all(&top).unwrap();
-    fs::write(top.join("a"), b"aaa").unwrap();
-    fs::write(top.join("b"), b"bbb").unwrap();
-    let root = base.join("root");
-    fs::create_dir_all(&root).unwrap();
-    let opts = DiskOptions::default();
-    let src = SourceSet::build(std::slice::from_ref(&top), "", &opts).unwrap();
-    fs::remove_file(top.join("a")).unwrap();
-    let Outcome {
-        report,
-        sender_failures,
-        ..
-    } = transfer_source(src, &root, &opts);
-    assert_eq!(sender_failures.len(), 1);
-    assert!(
-        sender_failures[0].error.contains("vanished"),
-        "{:?}",
-        sender_failures
-    );
-    assert_eq!(report.failures.len(), 1);
-    assert_eq!(fs::read(root.join("t/b")).unwrap(), b"bbb");
-    fs::remove_dir_all(&base).unwrap();
+    fn remove(f: &Path) {
+        fs::remove_file(f).unwrap();
+    }
+    fn fifo(f: &Path) {
+        fs::remove_file(f).unwrap();
+        let c = std::ffi::CString::new(f.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+    for (how, change, says) in [
+        ("vanish", remove as fn(&Path), "vanished"),
+        ("fifo", fifo, "no longer a regular file"),
+    ] {
+        let base = tmp(how);
+        let top = base.join("t");
+        fs::create_dir_all(&top).unwrap();
+        fs::write(top.join("a"), b"aaa").unwrap();
+        fs::write(top.join("b"), b"bbb").unwrap();
+        let root = base.join("root");
+        fs::create_dir_all(&root).unwrap();
+        let opts = DiskOptions::default();
+        let src = SourceSet::build(std::slice::from_ref(&top), "", &opts).unwrap();
+        change(&top.join("a"));
+        let Outcome {
+            report,
+            sender_failures,
+            ..
+        } = transfer_source(src, &root, &opts);
+        assert_eq!(sender_failures.len(), 1, "{how}: {sender_failures:?}");
+        assert!(
+            sender_failures[0].error.contains(says),
+            "{how}: {sender_failures:?}"
+        );
+        assert_eq!(report.failures.len(), 1, "{how}: {report:?}");
+        assert_eq!(fs::read(root.join("t/b")).unwrap(), b"bbb", "{how}");
+        fs::remove_dir_all(&base).unwrap();
+    }
 }
 
 /// Writes `bytes` to `path` with the mtime of `like`: a different file
@@ -506,40 +522,6 @@ fn source_changed_before_reading_is_named() {
         assert!(!root.join("f").exists(), "{how}");
         fs::remove_dir_all(&base).unwrap();
     }
-}
-
-/// A FIFO put in a listed file's place after the walk: the reader does not
-/// wait for a writer that never comes; the file fails, the others arrive.
-#[test]
-fn a_fifo_in_a_listed_file_s_place_fails_that_file_at_once() {
-    let base = tmp("fifo");
-    let top = base.join("t");
-    fs::create_dir_all(&top).unwrap();
-    fs::write(top.join("a"), b"aaa").unwrap();
-    fs::write(top.join("b"), b"bbb").unwrap();
-    let root = base.join("root");
-    fs::create_dir_all(&root).unwrap();
-    let opts = DiskOptions::default();
-    let src = SourceSet::build(std::slice::from_ref(&top), "", &opts).unwrap();
-    fs::remove_file(top.join("a")).unwrap();
-    let fifo = std::ffi::CString::new(top.join("a").as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: mkfifo with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
-    let Outcome {
-        report,
-        sender_failures,
-        ..
-    } = transfer_source(src, &root, &opts);
-    assert_eq!(sender_failures.len(), 1, "{sender_failures:?}");
-    assert!(
-        sender_failures[0]
-            .error
-            .contains("no longer a regular file"),
-        "{sender_failures:?}"
-    );
-    assert_eq!(report.failures.len(), 1, "{report:?}");
-    assert_eq!(fs::read(root.join("t/b")).unwrap(), b"bbb");
-    fs::remove_dir_all(&base).unwrap();
 }
 
 #[test]

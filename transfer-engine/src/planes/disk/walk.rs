@@ -327,9 +327,8 @@ pub fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
     let base = Arc::new(Root::open(root)?);
     let mut tops = Vec::with_capacity(rels.len());
     for rel in rels {
-        let comps = safepath::components(rel)?;
-        let (name, parent) = comps.split_last().expect("components are never empty");
-        let st = match base.open_dir(parent, false, rel)?.stat(name) {
+        let (dir, name) = base.parent_of(rel)?;
+        let st = match dir.stat(name) {
             Ok(Some(st)) if kind_of(&st) == libc::S_IFLNK => {
                 return Err(DiskError::Refused {
                     path: rel.escape_debug().to_string(),
@@ -346,7 +345,7 @@ pub fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
             Err(e) => return Err(DiskError::from_io(rel.as_str(), e)),
         };
         tops.push(Node {
-            rel: (*name).to_string(),
+            rel: name.to_string(),
             src: SourcePath::Beneath {
                 root: base.clone(),
                 rel: rel.clone(),
