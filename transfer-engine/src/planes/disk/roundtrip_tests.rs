@@ -743,3 +743,160 @@ fn sixty_four_streams_with_sparse_and_many_chunk_files_round_trip() {
     assert_same_tree(&top, &root.join("in/top"));
     fs::remove_dir_all(&base).unwrap();
 }
+
+/// A manifest of `n` sparse files `f0`.. of one chunk and one byte each.
+fn two_chunk_files(n: usize) -> super::wire::Manifest {
+    let mut m = manifest_of("f0", CHUNK_SIZE + 1, true);
+    let first = m.entries[0].clone();
+    m.entries = (0..n)
+        .map(|i| super::wire::ManifestEntry {
+            id: i as u32,
+            path: format!("f{i}"),
+            ..first.clone()
+        })
+        .collect();
+    m
+}
+
+/// Writes what a sender of [`two_chunk_files`] sends for file `i` in one of
+/// two passes: a hole over its first chunk, or its last byte and its end.
+fn two_chunk_pass(
+    out: &mut std::io::BufWriter<TcpStream>,
+    n: usize,
+    first_pass: bool,
+) -> std::io::Result<()> {
+    use super::checksum::{chunk_hash, zero_chunk_hash, FileDigest};
+    use super::wire::{write_frame, FrameHeader, FrameKind};
+    for i in 0..n as u32 {
+        if first_pass {
+            let mut h = FrameHeader::new(FrameKind::Hole, i);
+            h.value = CHUNK_SIZE;
+            write_frame(out, &h, &[])?;
+            continue;
+        }
+        let byte = [i as u8 | 1];
+        let mut h = FrameHeader::new(FrameKind::Data, i);
+        h.offset = CHUNK_SIZE;
+        h.len = 1;
+        write_frame(out, &h, &byte)?;
+        let mut d = FileDigest::default();
+        d.push(zero_chunk_hash(CHUNK_SIZE));
+        d.push(chunk_hash(&byte));
+        let mut h = FrameHeader::new(FrameKind::End, i);
+        h.value = d.finish();
+        write_frame(out, &h, &[])?;
+    }
+    std::io::Write::flush(out)
+}
+
+/// A sender with more files in progress than a writer keeps open (a hole
+/// for the first chunk of each of 3 x MAX_OPEN_FILES files, then the last
+/// byte and the end of each): the writer never holds more than
+/// MAX_OPEN_FILES open (before, one per file: a sender could open every
+/// manifest entry and run the server out of descriptors), reopens the
+/// files it closed for room, and every file arrives complete and verified.
+#[test]
+fn more_files_in_progress_than_a_writer_keeps_open_arrive_verified() {
+    use super::wire::{write_frame, FrameHeader, FrameKind};
+    use super::writer::MAX_OPEN_FILES;
+
+    let base = tmp("wide");
+    let root = base.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let n = 3 * MAX_OPEN_FILES;
+    let opts = DiskOptions::default();
+    let (rx, plan) = ReceivePipeline::prepare(&root, &two_chunk_files(n), &opts, None).unwrap();
+    assert!(plan.refused.is_empty(), "{plan:?}");
+    let r = receive_raw(&rx, move |out| {
+        two_chunk_pass(out, n, true)?;
+        two_chunk_pass(out, n, false)?;
+        write_frame(out, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])
+    });
+    r.expect("the stream ends well");
+    let report = rx.finish();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(report.files, n as u64);
+    let peak = rx.open_files_peak();
+    assert!(
+        peak <= MAX_OPEN_FILES * rx.writers() && peak >= MAX_OPEN_FILES,
+        "{peak} files open at once with {} writer(s)",
+        rx.writers()
+    );
+    for i in 0..n {
+        let got = fs::read(root.join(format!("f{i}"))).unwrap();
+        assert_eq!(got.len() as u64, CHUNK_SIZE + 1, "f{i}");
+        assert_eq!(got[CHUNK_SIZE as usize], i as u8 | 1, "f{i}");
+        assert!(got[..CHUNK_SIZE as usize].iter().all(|&b| b == 0), "f{i}");
+    }
+    let leftovers: Vec<_> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    fs::remove_dir_all(&base).unwrap();
+}
+
+/// A file closed for room whose temporary file someone writes into (or
+/// replaces) before its next frame: its digest would vouch for bytes this
+/// session did not write, so it fails, named; the others arrive.
+#[test]
+fn a_file_changed_while_closed_for_room_fails_by_name() {
+    use super::partial::part_name;
+    use super::wire::{write_frame, FrameHeader, FrameKind};
+    use super::writer::MAX_OPEN_FILES;
+
+    for replace in [false, true] {
+        let base = tmp(if replace {
+            "closed-replaced"
+        } else {
+            "closed-written"
+        });
+        let root = base.join("root");
+        fs::create_dir_all(&root).unwrap();
+        let n = MAX_OPEN_FILES + 1;
+        let opts = DiskOptions::default();
+        let (rx, plan) = ReceivePipeline::prepare(&root, &two_chunk_files(n), &opts, None).unwrap();
+        assert!(plan.refused.is_empty(), "{plan:?}");
+        let dir = root.clone();
+        let r = receive_raw(&rx, move |out| {
+            two_chunk_pass(out, n, true)?;
+            // The last file's opening closed f0, the least recently used.
+            let last = dir.join(part_name(&format!("f{}", n - 1)));
+            let t0 = std::time::Instant::now();
+            while !last.exists() {
+                assert!(t0.elapsed() < Duration::from_secs(60), "never opened");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let f0 = dir.join(part_name("f0"));
+            if replace {
+                fs::remove_file(&f0).unwrap();
+                fs::File::create(&f0)
+                    .unwrap()
+                    .set_len(CHUNK_SIZE + 1)
+                    .unwrap();
+            } else {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f0)
+                    .unwrap()
+                    .write_at(b"not ours", 100)
+                    .unwrap();
+            }
+            two_chunk_pass(out, n, false)?;
+            write_frame(out, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])
+        });
+        r.expect("the stream ends well");
+        let report = rx.finish();
+        assert_eq!(report.files, n as u64 - 1, "replace={replace}");
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        let f = &report.failures[0];
+        assert_eq!(f.path, "f0");
+        assert!(
+            f.error.contains("f0") && f.error.contains("changed by someone else"),
+            "{f:?}"
+        );
+        assert!(!root.join("f0").exists(), "replace={replace}");
+        fs::remove_dir_all(&base).unwrap();
+    }
+}

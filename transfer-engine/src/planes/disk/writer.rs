@@ -18,10 +18,11 @@
 //! file into place, a mismatch is an error naming the file. A full disk is
 //! an error naming the file and keeps the partial data for resume.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -85,6 +86,19 @@ const STATE_SAVE_BYTES: u64 = 16 << 20;
 /// data frame (2 x 30 s x 12.5 GB/s / 1 MiB = ~720 K).
 pub const MAX_PARKED_BLOCKS: usize = 1 << 20;
 
+/// Most files one writer worker keeps open at once (each holds its
+/// temporary file, its directory and, with `--direct`, a second descriptor
+/// of the file). Past it the file its least recent frame went to, with no
+/// write in flight, is closed and reopened when its next frame comes
+/// ([`Worker::ensure_open`]). Without it a sender could make the server
+/// open every manifest entry (4 Mi of them) by sending one frame each, and
+/// a process out of descriptors also fails every other session's files and
+/// its accepts. An honest sender has about one file per stream in progress
+/// (its readers read each file in order), so this closes files only past
+/// 256 streams of large files on one writer, where a reopen (a few
+/// syscalls) is small beside the 1 MiB write it serves.
+pub const MAX_OPEN_FILES: usize = 256;
+
 /// A file the receiver expects blocks for.
 #[derive(Debug, Clone)]
 struct Expect {
@@ -143,6 +157,10 @@ struct Shared {
     /// Blocks parked in the writers' digests ([`MAX_PARKED_BLOCKS`]): the
     /// writers count, the streams refuse frames beyond the bound.
     parked: AtomicUsize,
+    /// Files holding descriptors, in all this session's writers
+    /// ([`MAX_OPEN_FILES`] each), and the most there have been.
+    open_files: AtomicUsize,
+    open_files_peak: AtomicUsize,
     direct: bool,
     /// This session's claims on its destination files: released when the
     /// last writer has ended (the writers hold `Shared`), not before, so no
@@ -324,6 +342,8 @@ impl ReceivePipeline {
             totals: Mutex::new(totals),
             written: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
+            open_files: AtomicUsize::new(0),
+            open_files_peak: AtomicUsize::new(0),
             direct: opts.direct,
             _claims: claims,
         });
@@ -371,6 +391,19 @@ impl ReceivePipeline {
     #[cfg(test)]
     pub(super) fn parked_blocks(&self) -> usize {
         self.shared.parked.load(Ordering::Relaxed)
+    }
+
+    /// The most files this session's writers held open at once
+    /// ([`MAX_OPEN_FILES`] per writer).
+    #[cfg(test)]
+    pub(super) fn open_files_peak(&self) -> usize {
+        self.shared.open_files_peak.load(Ordering::Relaxed)
+    }
+
+    /// Writer workers of this session.
+    #[cfg(test)]
+    pub(super) fn writers(&self) -> usize {
+        self.queues.len()
     }
 
     /// Checks a frame header against the manifest: the file it names
@@ -775,17 +808,31 @@ fn read_some(sock: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<Option<us
     }
 }
 
-/// A file being written by a worker.
-struct Open {
+/// The descriptors of a file being written: closed while the file waits
+/// for its next frame if its writer needs the room ([`MAX_OPEN_FILES`]).
+struct Handles {
     dir: Arc<Dir>,
-    name: String,
     file: Arc<File>,
     direct: Option<Arc<File>>,
+}
+
+/// A file being written by a worker.
+struct Open {
+    name: String,
+    /// `None` while closed for room.
+    fds: Option<Handles>,
+    /// The temporary file as last seen open (inode, ctime): a reopened
+    /// one must be the same file, unchanged since.
+    seen: (u64, i64, i64),
     digest: OrderedDigest,
     /// Its digest's parked blocks, as counted into [`Shared::parked`].
     parked: usize,
     end: Option<u64>,
     saved: u64,
+    /// Writes in flight: only a file without any is closed for room.
+    in_flight: usize,
+    /// Its stamp in its worker's least-recently-used order.
+    used: u64,
 }
 
 impl Open {
@@ -799,6 +846,14 @@ impl Open {
             total.fetch_sub(self.parked - now, Ordering::Relaxed);
         }
         self.parked = now;
+    }
+
+    /// Its descriptors, which every caller holds by [`Worker::ensure_open`]
+    /// or by a write in flight.
+    fn fds(&self) -> &Handles {
+        self.fds
+            .as_ref()
+            .expect("a file in use holds its descriptors")
     }
 }
 
@@ -839,11 +894,12 @@ fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
                         t.done[id as usize] = true;
                     }
                     Err(e) => {
+                        let dir = &open.fds().dir;
                         if matches!(e, DiskError::ChecksumMismatch { .. }) {
-                            let _ = partial::discard(&open.dir, &open.name);
+                            let _ = partial::discard(dir, &open.name);
                         } else {
                             let _ = partial::save_state(
-                                &open.dir,
+                                dir,
                                 &open.name,
                                 &PartState::for_entry(&x.entry, open.digest.verified_offset()),
                             );
@@ -892,10 +948,14 @@ struct WriteTag {
 struct Worker<'a> {
     sh: &'a Arc<Shared>,
     fin: &'a SyncSender<Finish>,
-    open: std::collections::HashMap<u32, Open>,
+    open: HashMap<u32, Open>,
     // Files that failed or completed: any later frame for them is dropped
     // (a confused or hostile sender cannot reopen a finished file).
-    closed: std::collections::HashSet<u32>,
+    closed: HashSet<u32>,
+    /// The files of `open` that hold descriptors, least recently used
+    /// first (by [`Open::used`]).
+    lru: BTreeMap<u64, u32>,
+    clock: u64,
     io: IoQueue<WriteTag>,
 }
 
@@ -908,8 +968,10 @@ fn write_loop(
     let mut w = Worker {
         sh,
         fin,
-        open: std::collections::HashMap::new(),
-        closed: std::collections::HashSet::new(),
+        open: HashMap::new(),
+        closed: HashSet::new(),
+        lru: BTreeMap::new(),
+        clock: 0,
         io,
     };
     loop {
@@ -928,9 +990,11 @@ fn write_loop(
         }
     }
     // Streams are done: keep what arrived for resume.
-    for (id, o) in std::mem::take(&mut w.open) {
-        if let Some(x) = sh.files[id as usize].as_ref() {
-            save(fin, &o, x);
+    for id in w.open.keys().copied().collect::<Vec<_>>() {
+        if let Some(o) = w.close(id) {
+            if let Some(x) = sh.files[id as usize].as_ref() {
+                save(sh, fin, &o, x);
+            }
         }
     }
 }
@@ -955,27 +1019,23 @@ impl Worker<'_> {
         }
         if let Work::Fail { message, .. } = work {
             if let Some(o) = self.close(id) {
-                save(self.fin, &o, x);
+                save(sh, self.fin, &o, x);
             }
             let (code, msg) = message.split_once('\t').unwrap_or(("source", &message));
             fail(sh, x, code, msg.to_string());
             self.closed.insert(id);
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.open.entry(id) {
-            match open_part(sh, x) {
-                Ok(o) => {
-                    slot.insert(o);
-                }
-                Err(e) => {
-                    if let Work::Data { buf, .. } = work {
-                        sh.pool.put(buf);
-                    }
-                    fail(sh, x, e.code(), e.to_string());
-                    self.closed.insert(id);
-                    return;
-                }
+        if let Err(e) = self.ensure_open(id, x) {
+            if let Work::Data { buf, .. } = work {
+                sh.pool.put(buf);
             }
+            // No sidecar save: its temporary file may not be the one this
+            // session wrote (a resume re-hashes the prefix either way).
+            self.close(id);
+            fail(sh, x, e.code(), e.to_string());
+            self.closed.insert(id);
+            return;
         }
         let o = self.open.get_mut(&id).expect("opened above");
         match work {
@@ -989,11 +1049,13 @@ impl Worker<'_> {
                     o.count_parked(&sh.parked);
                 } else {
                     let aligned = buf.len() % DIRECT_ALIGN == 0;
-                    let target = match &o.direct {
+                    let fds = o.fds();
+                    let target = match &fds.direct {
                         Some(d) if aligned => d.clone(),
-                        _ => o.file.clone(),
+                        _ => fds.file.clone(),
                     };
                     let len = buf.len();
+                    o.in_flight += 1;
                     self.io.submit(Op {
                         file: target,
                         offset,
@@ -1022,10 +1084,62 @@ impl Worker<'_> {
         self.progressed(id);
     }
 
-    /// Stops writing file `id`: its parked blocks no longer count.
+    /// Makes file `id` hold its descriptors, most recently used: opens it
+    /// (the first frame) or reopens it (closed for room), closing the least
+    /// recently used file without writes in flight when this worker holds
+    /// [`MAX_OPEN_FILES`].
+    fn ensure_open(&mut self, id: u32, x: &Expect) -> Result<(), DiskError> {
+        let holds = self.open.get(&id).map(|o| o.fds.is_some());
+        if holds != Some(true) {
+            self.make_room();
+            match self.open.get_mut(&id) {
+                None => {
+                    let o = open_part(self.sh, x)?;
+                    self.open.insert(id, o);
+                }
+                Some(o) => o.fds = Some(reopen(self.sh, x, o.seen)?),
+            }
+            let open = self.sh.open_files.fetch_add(1, Ordering::Relaxed) + 1;
+            self.sh.open_files_peak.fetch_max(open, Ordering::Relaxed);
+        }
+        let o = self.open.get_mut(&id).expect("opened above");
+        self.lru.remove(&o.used);
+        self.clock += 1;
+        o.used = self.clock;
+        self.lru.insert(o.used, id);
+        Ok(())
+    }
+
+    /// Below [`MAX_OPEN_FILES`]: closes the least recently used files that
+    /// have no write in flight (at most the queue depth are skipped).
+    fn make_room(&mut self) {
+        while self.lru.len() >= MAX_OPEN_FILES {
+            let Some((&stamp, &id)) = self
+                .lru
+                .iter()
+                .find(|(_, id)| self.open.get(id).is_some_and(|o| o.in_flight == 0))
+            else {
+                return;
+            };
+            self.lru.remove(&stamp);
+            if let Some(o) = self.open.get_mut(&id) {
+                release(self.sh, o);
+            }
+        }
+    }
+
+    /// Stops writing file `id`: its parked blocks and descriptors no
+    /// longer count.
     fn close(&mut self, id: u32) -> Option<Open> {
-        let o = self.open.remove(&id)?;
+        let mut o = self.open.remove(&id)?;
         self.sh.parked.fetch_sub(o.parked, Ordering::Relaxed);
+        if o.fds.is_some() {
+            self.lru.remove(&o.used);
+            self.sh.open_files.fetch_sub(1, Ordering::Relaxed);
+        }
+        // Its descriptors stay with the returned file (a save or the
+        // finisher may need them); it just no longer counts.
+        o.used = 0;
         Some(o)
     }
 
@@ -1035,6 +1149,9 @@ impl Worker<'_> {
         let t = d.tag;
         let len = d.buf.len() as u64;
         sh.pool.put(d.buf);
+        if let Some(o) = self.open.get_mut(&t.file) {
+            o.in_flight -= 1;
+        }
         if self.closed.contains(&t.file) {
             return;
         }
@@ -1044,7 +1161,7 @@ impl Worker<'_> {
         if let Err(e) = d.result {
             let e = DiskError::from_io(x.path.clone(), e);
             if let Some(o) = self.close(t.file) {
-                save(self.fin, &o, x);
+                save(sh, self.fin, &o, x);
             }
             fail(sh, x, e.code(), e.to_string());
             self.closed.insert(t.file);
@@ -1080,7 +1197,7 @@ impl Worker<'_> {
         let v = o.digest.verified_offset();
         if v >= o.saved + STATE_SAVE_BYTES && v < x.entry.size {
             o.saved = v;
-            save(self.fin, o, x);
+            save(self.sh, self.fin, o, x);
         }
     }
 }
@@ -1094,13 +1211,97 @@ fn fail(sh: &Shared, x: &Expect, code: &str, error: String) {
     });
 }
 
-/// Save the sidecar of `o` (by its finisher, in order).
-fn save(fin: &SyncSender<Finish>, o: &Open, x: &Expect) {
+/// Save the sidecar of `o` (by its finisher, in order); a file closed for
+/// room has its directory opened again for it.
+fn save(sh: &Shared, fin: &SyncSender<Finish>, o: &Open, x: &Expect) {
+    let dir = match &o.fds {
+        Some(fds) => fds.dir.clone(),
+        None => {
+            let Ok(comps) = safepath::components(&x.path) else {
+                return;
+            };
+            let (parent, _) = split_parent(&comps);
+            match sh.root.open_dir(parent, false, &x.path) {
+                Ok(d) => Arc::new(d),
+                Err(_) => return,
+            }
+        }
+    };
     let _ = fin.send(Finish::Save {
-        dir: o.dir.clone(),
+        dir,
         name: o.name.clone(),
         state: PartState::for_entry(&x.entry, o.digest.verified_offset()),
     });
+}
+
+/// Closes the descriptors of `o` for room, noting what its temporary file
+/// looks like so that [`reopen`] can tell it was changed meanwhile.
+fn release(sh: &Shared, o: &mut Open) {
+    let Some(fds) = o.fds.take() else {
+        return;
+    };
+    sh.open_files.fetch_sub(1, Ordering::Relaxed);
+    if let Ok(m) = fds.file.metadata() {
+        o.seen = (m.ino(), m.ctime(), m.ctime_nsec());
+    }
+}
+
+/// Takes the exclusive lock on a temporary file: one writer per file across
+/// processes too (the claims cover one server's sessions; two `get`s into
+/// one --dest are two processes). The lock lives with the descriptor, past
+/// the final rename.
+fn lock_part(file: &File, x: &Expect) -> Result<(), DiskError> {
+    // SAFETY: flock on a descriptor we own; no memory involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        DiskError::InUse {
+            path: x.path.clone(),
+            by: "another process holds its temporary file".into(),
+        }
+    } else {
+        DiskError::from_io(x.path.clone(), e)
+    })
+}
+
+/// Opens again the temporary file of a file closed for room: the same file
+/// (inode) and unchanged (ctime) since, else the chunks this session wrote
+/// into it may not be there and its digest would vouch for other bytes.
+fn reopen(sh: &Shared, x: &Expect, seen: (u64, i64, i64)) -> Result<Handles, DiskError> {
+    let io = |e: io::Error| DiskError::from_io(x.path.clone(), e);
+    let changed = || DiskError::Io {
+        path: x.path.clone(),
+        source: io::Error::other(
+            "its temporary file was replaced or changed by someone else while this session \
+             had it closed (partial data kept)",
+        ),
+    };
+    let comps = safepath::components(&x.path)?;
+    let (parent, name) = split_parent(&comps);
+    let dir = sh.root.open_dir(parent, false, &x.path)?;
+    let part = partial::part_name(name);
+    let file = match dir.open_file(&part, libc::O_RDWR, 0) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(changed()),
+        Err(e) => return Err(io(e)),
+    };
+    lock_part(&file, x)?;
+    let m = file.metadata().map_err(io)?;
+    if (m.ino(), m.ctime(), m.ctime_nsec()) != seen {
+        return Err(changed());
+    }
+    let direct = if sh.direct {
+        open_direct(&dir, &part)
+    } else {
+        None
+    };
+    Ok(Handles {
+        dir: Arc::new(dir),
+        file: Arc::new(file),
+        direct: direct.map(Arc::new),
+    })
 }
 
 /// Warn once per process that O_DIRECT was refused.
@@ -1116,21 +1317,7 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
     let file = dir
         .open_file(&part, libc::O_RDWR | libc::O_CREAT, 0o600)
         .map_err(io)?;
-    // One writer per temporary file across processes too (the claims cover
-    // one server's sessions; two `get`s into one --dest are two processes).
-    // The lock lives with this descriptor, past the final rename.
-    // SAFETY: flock on a descriptor we own; no memory involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            DiskError::InUse {
-                path: x.path.clone(),
-                by: "another process holds its temporary file".into(),
-            }
-        } else {
-            io(e)
-        });
-    }
+    lock_part(&file, x)?;
     let mut digest = OrderedDigest::new(size);
     if x.from == 0 {
         file.set_len(0).map_err(io)?;
@@ -1163,15 +1350,21 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
     } else {
         None
     };
+    let ino = file.metadata().map_err(io)?.ino();
     Ok(Open {
-        dir: Arc::new(dir),
         name: name.to_string(),
-        file: Arc::new(file),
-        direct: direct.map(Arc::new),
+        fds: Some(Handles {
+            dir: Arc::new(dir),
+            file: Arc::new(file),
+            direct: direct.map(Arc::new),
+        }),
+        seen: (ino, 0, 0),
         digest,
         parked: 0,
         end: None,
         saved: x.from,
+        in_flight: 0,
+        used: 0,
     })
 }
 
@@ -1207,6 +1400,7 @@ fn preallocate(file: &File, size: u64) -> io::Result<()> {
 }
 
 fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
+    let fds = o.fds();
     let io = |e: io::Error| DiskError::from_io(x.path.clone(), e);
     if Some(o.digest.finish()) != o.end {
         return Err(DiskError::ChecksumMismatch {
@@ -1214,18 +1408,21 @@ fn complete(x: &Expect, o: &mut Open) -> Result<(), DiskError> {
         });
     }
     // SAFETY: valid descriptor.
-    if unsafe { libc::fchmod(o.file.as_raw_fd(), x.entry.mode as libc::mode_t) } != 0 {
+    if unsafe { libc::fchmod(fds.file.as_raw_fd(), x.entry.mode as libc::mode_t) } != 0 {
         return Err(io(io::Error::last_os_error()));
     }
-    safepath::set_mtime_fd(o.file.as_raw_fd(), (x.entry.mtime_sec, x.entry.mtime_nsec))
-        .map_err(io)?;
+    safepath::set_mtime_fd(
+        fds.file.as_raw_fd(),
+        (x.entry.mtime_sec, x.entry.mtime_nsec),
+    )
+    .map_err(io)?;
     // A file under its final name must be on disk: after a power loss a
     // re-run trusts it by size and mtime. (Partial files need no sync: their
     // prefix is re-hashed against the source when resumed.)
-    o.file.sync_data().map_err(io)?;
-    o.dir
+    fds.file.sync_data().map_err(io)?;
+    fds.dir
         .rename(&partial::part_name(&o.name), &o.name)
         .map_err(io)?;
-    partial::remove_state(&o.dir, &o.name).map_err(io)?;
+    partial::remove_state(&fds.dir, &o.name).map_err(io)?;
     Ok(())
 }
