@@ -461,6 +461,16 @@ fn serve_session(
     let cc = req.cc.clone().unwrap_or(default_cc);
     let session_id = random_bytes::<SESSION_ID_LEN>();
     let session_hex = to_hex(&session_id);
+    // Listed from here on (state handshake): a disk session may spend long
+    // planning (the receiver checks its files, a pull's server walks and
+    // hashes its tree), and one that fails there counts as failed.
+    let entry = ctx.registry.add(
+        session_hex.clone(),
+        peer.to_string(),
+        conn.local().map(|a| a.to_string()),
+    );
+    entry.set_request(&req);
+    *entry_out = Some(entry.clone());
     let claimant = Claimant {
         claims: ctx.claims.clone(),
         session: session_hex.clone(),
@@ -482,13 +492,6 @@ fn serve_session(
             (k.clone(), Some(to_hex(&k)))
         }
     };
-    let entry = ctx.registry.add(
-        session_hex.clone(),
-        peer.to_string(),
-        conn.local().map(|a| a.to_string()),
-    );
-    entry.set_request(&req);
-    *entry_out = Some(entry.clone());
     let total = session::total_streams(&req);
     let (events_tx, events) = mpsc::channel();
     ctx.slots.lock().unwrap_or_else(|e| e.into_inner()).insert(

@@ -561,13 +561,38 @@ mod crafted {
         ask_sized(port, dest, &files)
     }
 
+    /// Handshake and a disk push's SessionRequest for `entries` files into
+    /// `dest`: the server waits for the manifest next.
+    pub fn request_push(
+        port: u16,
+        dest: &str,
+        entries: usize,
+    ) -> longhaul_engine::Result<Connection> {
+        let mut conn = handshake(port)?;
+        conn.send(&Message::SessionRequest(SessionRequest {
+            mode: Mode::Disk,
+            direction: Direction::Send,
+            streams: 1,
+            bytes: None,
+            seconds: Some(10.0),
+            buffer: 1 << 20,
+            cc: None,
+            rate_bps: None,
+            mode_params: Some(
+                json!({"dest": dest, "resume": true, "io_workers_per_device": 1,
+                "direct": false, "entries": entries, "chunk_size": 1 << 20}),
+            ),
+            client_host: None,
+        }))?;
+        Ok(conn)
+    }
+
     /// As [`ask`], with (path, size) entries, sparse when beyond 1 MiB.
     pub fn ask_sized(
         port: u16,
         dest: &str,
         files: &[(&str, u64)],
     ) -> longhaul_engine::Result<serde_json::Value> {
-        let mut conn = handshake(port)?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
@@ -581,21 +606,7 @@ mod crafted {
                        "device": "x"})
             })
             .collect();
-        conn.send(&Message::SessionRequest(SessionRequest {
-            mode: Mode::Disk,
-            direction: Direction::Send,
-            streams: 1,
-            bytes: None,
-            seconds: Some(10.0),
-            buffer: 1 << 20,
-            cc: None,
-            rate_bps: None,
-            mode_params: Some(
-                json!({"dest": dest, "resume": true, "io_workers_per_device": 1,
-                "direct": false, "entries": entries.len(), "chunk_size": 1 << 20}),
-            ),
-            client_host: None,
-        }))?;
+        let mut conn = request_push(port, dest, entries.len())?;
         conn.send(&Message::ModeData(
             json!({"disk": "manifest", "entries": entries}),
         ))?;
@@ -690,6 +701,49 @@ fn crafted_manifest_entries_beyond_the_largest_file_are_refused() {
         error.contains("in/huge") && error.contains("largest file this receiver takes"),
         "{plan}"
     );
+}
+
+/// A disk session is listed from its request on: while the server waits
+/// for its manifest (or, for an honest client, checks its files for the
+/// plan) it shows in the stats API in the handshake state, as a disk
+/// receive; and one that fails there is counted failed (before, neither:
+/// such a session held a slot unseen).
+#[test]
+fn a_session_still_planning_is_listed_and_its_failure_counted() {
+    use longhaul_stats_api::{Direction, Mode, State};
+
+    let t = Scratch::new("planning");
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let conn = crafted::request_push(server.port, "in", 3).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let listed = loop {
+        let snap = support::snapshot(server.stats_port);
+        if let Some(s) = snap.sessions.into_iter().next() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the session was never listed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(listed.state, State::Handshake, "{listed:?}");
+    assert_eq!(
+        (listed.mode, listed.direction),
+        (Mode::Disk, Direction::Receive)
+    );
+    // The client goes away instead of sending its manifest.
+    drop(conn);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let snap = support::snapshot(server.stats_port);
+        if snap.engine.sessions_failed_total == 1 {
+            assert_eq!(snap.sessions.len(), 1, "{snap:?}");
+            assert_eq!(snap.sessions[0].state, State::Failed, "{snap:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never counted failed: {snap:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 // ------------------------------------------------------------ "verified" never lies
