@@ -1026,7 +1026,15 @@ impl Worker<'_> {
             self.closed.insert(id);
             return;
         }
-        if let Err(e) = self.ensure_open(id, x) {
+        // A hole or an end only changes the digest: a file closed for room
+        // is opened again for it only if it completes ([`Self::progressed`]),
+        // so 32-byte frames cannot make it reopen files one after another.
+        let writes = matches!(work, Work::Data { .. }) || !self.open.contains_key(&id);
+        if let Err(e) = if writes {
+            self.ensure_open(id, x)
+        } else {
+            Ok(())
+        } {
             if let Work::Data { buf, .. } = work {
                 sh.pool.put(buf);
             }
@@ -1182,10 +1190,16 @@ impl Worker<'_> {
         let x = self.sh.files[id as usize]
             .as_ref()
             .expect("the intake checked the id");
-        let Some(o) = self.open.get_mut(&id) else {
+        let Some(o) = self.open.get(&id) else {
             return;
         };
         if o.digest.complete() && o.end.is_some() {
+            if let Err(e) = self.ensure_open(id, x) {
+                self.close(id);
+                fail(self.sh, x, e.code(), e.to_string());
+                self.closed.insert(id);
+                return;
+            }
             let o = self.close(id).expect("looked up above");
             self.closed.insert(id);
             let _ = self.fin.send(Finish::Complete {
@@ -1194,6 +1208,7 @@ impl Worker<'_> {
             });
             return;
         }
+        let o = self.open.get_mut(&id).expect("looked up above");
         let v = o.digest.verified_offset();
         if v >= o.saved + STATE_SAVE_BYTES && v < x.entry.size {
             o.saved = v;
@@ -1216,16 +1231,10 @@ fn fail(sh: &Shared, x: &Expect, code: &str, error: String) {
 fn save(sh: &Shared, fin: &SyncSender<Finish>, o: &Open, x: &Expect) {
     let dir = match &o.fds {
         Some(fds) => fds.dir.clone(),
-        None => {
-            let Ok(comps) = safepath::components(&x.path) else {
-                return;
-            };
-            let (parent, _) = split_parent(&comps);
-            match sh.root.open_dir(parent, false, &x.path) {
-                Ok(d) => Arc::new(d),
-                Err(_) => return,
-            }
-        }
+        None => match sh.root.parent_of(&x.path) {
+            Ok((d, _)) => Arc::new(d),
+            Err(_) => return,
+        },
     };
     let _ = fin.send(Finish::Save {
         dir,
@@ -1237,13 +1246,19 @@ fn save(sh: &Shared, fin: &SyncSender<Finish>, o: &Open, x: &Expect) {
 /// Closes the descriptors of `o` for room, noting what its temporary file
 /// looks like so that [`reopen`] can tell it was changed meanwhile.
 fn release(sh: &Shared, o: &mut Open) {
-    let Some(fds) = o.fds.take() else {
+    let Some(Handles { dir, file, direct }) = o.fds.take() else {
         return;
     };
     sh.open_files.fetch_sub(1, Ordering::Relaxed);
-    if let Ok(m) = fds.file.metadata() {
-        o.seen = (m.ino(), m.ctime(), m.ctime_nsec());
-    }
+    // Closed first, looked at after: whatever the kernel does at the last
+    // close (IMA, for one, may rewrite an xattr, which moves the ctime) is
+    // in what is noted.
+    drop((file, direct));
+    o.seen = match dir.stat(&partial::part_name(&o.name)) {
+        Ok(Some(st)) => (st.st_ino, st.st_ctime, st.st_ctime_nsec),
+        // Gone already: no reopen will match.
+        _ => (0, 0, 0),
+    };
 }
 
 /// Takes the exclusive lock on a temporary file: one writer per file across
@@ -1278,9 +1293,7 @@ fn reopen(sh: &Shared, x: &Expect, seen: (u64, i64, i64)) -> Result<Handles, Dis
              had it closed (partial data kept)",
         ),
     };
-    let comps = safepath::components(&x.path)?;
-    let (parent, name) = split_parent(&comps);
-    let dir = sh.root.open_dir(parent, false, &x.path)?;
+    let (dir, name) = sh.root.parent_of(&x.path)?;
     let part = partial::part_name(name);
     let file = match dir.open_file(&part, libc::O_RDWR, 0) {
         Ok(f) => f,
