@@ -6,7 +6,7 @@
 //! a handshake forever; an `Error` message from the peer turns into the
 //! matching [`Error`].
 
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
@@ -66,6 +66,11 @@ pub struct Connection {
     max_frame: usize,
     /// How long one [`Connection::recv`] may take, `None` for ever.
     timeout: Option<Duration>,
+    /// How long one [`Connection::send`] may take, `None` for ever.
+    write_timeout: Option<Duration>,
+    /// A send failed (e.g. its send timeout passed): what the peer got
+    /// may end mid-frame, so nothing more is written.
+    broken: bool,
 }
 
 impl Connection {
@@ -91,6 +96,8 @@ impl Connection {
             peer,
             max_frame: MAX_FRAME_LEN,
             timeout: None,
+            write_timeout: None,
+            broken: false,
         })
     }
 
@@ -125,8 +132,63 @@ impl Connection {
         Ok(())
     }
 
+    /// Sets how long each subsequent [`Connection::send`] may take, from
+    /// its call to the last byte handed to the kernel: a whole message, not
+    /// each write (SO_SNDTIMEO alone bounds each write, so a peer that takes
+    /// in a little now and then, or a message that half fits in the send
+    /// buffer, held a send for twice the timeout or more).
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+        self.writer
+            .set_write_timeout(timeout)
+            .map_err(|e| Error::io("control connection", e))?;
+        self.write_timeout = timeout;
+        Ok(())
+    }
+
+    /// Another handle on the same socket for writing, with the same send
+    /// deadline (for a reader thread taking this one).
+    pub fn try_clone_writer(&self) -> Result<Connection> {
+        let mut c = Connection::new(
+            self.writer
+                .try_clone()
+                .map_err(|e| Error::io("control connection", e))?,
+        )?;
+        c.write_timeout = self.write_timeout;
+        Ok(c)
+    }
+
     pub fn send(&mut self, msg: &Message) -> Result<()> {
-        msg.to_frame()?.write_to(&mut self.writer)
+        if self.broken {
+            return Err(Error::io(
+                "writing a control frame",
+                std::io::Error::other("an earlier write to this connection failed"),
+            ));
+        }
+        let frame = msg.to_frame()?;
+        let sent = match self.write_timeout {
+            None => frame.write_to(&mut self.writer),
+            Some(t) => frame
+                .write_to(&mut WriteByDeadline {
+                    socket: &self.writer,
+                    deadline: Instant::now() + t,
+                })
+                // The option is the socket's, shared with its clones (the
+                // keep-alive writer): leave it whole again.
+                .map_err(|e| match e {
+                    Error::Timeout(_) => Error::Timeout(format!(
+                        "writing a control frame: the peer took nothing in for {} s",
+                        t.as_secs()
+                    )),
+                    e => e,
+                })
+                .and_then(|()| {
+                    self.writer
+                        .set_write_timeout(Some(t))
+                        .map_err(|e| Error::io("control connection", e))
+                }),
+        };
+        self.broken = sent.is_err();
+        sent
     }
 
     /// Receives one message; a closed connection is [`Error::PeerAborted`],
@@ -156,19 +218,25 @@ impl Connection {
     }
 
     /// Best effort: tell the peer why we stop. Errors are ignored because we
-    /// are already failing.
+    /// are already failing. It never waits: a peer that reads nothing (its
+    /// window closed, our send buffer full) must not hold this end for
+    /// another send timeout, and after a failed send nothing is written
+    /// (the peer may be mid-frame).
     pub fn send_error(&mut self, err: &Error) {
-        let _ = self.send(&Message::error(err));
+        if self.broken {
+            return;
+        }
+        let Ok(bytes) = Message::error(err).to_frame().and_then(|f| f.encode()) else {
+            return;
+        };
+        let _ = socket2::SockRef::from(&self.writer)
+            .send_with_flags(&bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
     }
 
     /// Splits into (reader, writer) for a reader thread. The reader keeps
     /// whatever was already buffered, so no message is lost.
     pub fn split(self) -> Result<(Connection, Connection)> {
-        let writer = Connection::new(
-            self.writer
-                .try_clone()
-                .map_err(|e| Error::io("control connection", e))?,
-        )?;
+        let writer = self.try_clone_writer()?;
         Ok((self, writer))
     }
 }
@@ -189,6 +257,33 @@ impl<R: Read> Read for ByDeadline<'_, R> {
         }
         self.socket.set_read_timeout(Some(left))?;
         self.reader.read(buf)
+    }
+}
+
+/// Writes that end at `deadline`: before each write the socket's send
+/// timeout is set to what remains of it.
+struct WriteByDeadline<'a> {
+    socket: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Write for WriteByDeadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.socket.set_write_timeout(Some(left))?;
+        match (&mut &*self.socket).write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                Err(std::io::ErrorKind::TimedOut.into())
+            }
+            r => r,
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

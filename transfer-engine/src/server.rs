@@ -332,11 +332,9 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         Ok(c) => c,
         Err(e) => return reporter.report(&format!("control connection: {e}")),
     };
-    let timeouts = conn.set_timeout(Some(HANDSHAKE_TIMEOUT)).and_then(|_| {
-        conn.socket()
-            .set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))
-            .map_err(|e| Error::io("control connection", e))
-    });
+    let timeouts = conn
+        .set_timeout(Some(HANDSHAKE_TIMEOUT))
+        .and_then(|_| conn.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT)));
     if let Err(e) = timeouts {
         return reporter.report(&format!("control connection: {e}"));
     }
@@ -558,11 +556,7 @@ fn serve_session(
 /// buffered, for the reader thread, and leaves a fresh handle on the same
 /// socket in its place for writing (and for the final shutdown).
 fn take_reader(conn: &mut Connection) -> Result<Connection> {
-    let fresh = Connection::new(
-        conn.socket()
-            .try_clone()
-            .map_err(|e| Error::io("control connection", e))?,
-    )?;
+    let fresh = conn.try_clone_writer()?;
     Ok(std::mem::replace(conn, fresh))
 }
 

@@ -56,10 +56,36 @@ fn a_stopped_server_fails_the_sender_after_the_idle_timeout() {
 #[test]
 fn a_client_that_pings_without_reading_loses_its_session_slot() {
     let server = Server::start(&["--max-sessions", "1"]);
-    // Set before it connects: a receive buffer of a few KiB, and segments
-    // of 536 bytes, so the server sizes its send buffer for a slow path
-    // (as on a WAN) instead of loopback's 64 KiB segments. The server's
-    // answers back up at once.
+    let sock = connect_with_small_window(&server);
+    let mut conn = authenticate(sock).unwrap();
+    // Pings, none of the answers read: they would fill the server's send
+    // buffer, and it would wait to write while holding the only slot.
+    let pinger = std::thread::spawn(move || {
+        for seq in 0..longhaul_engine::probe::MAX_PINGS {
+            if conn
+                .send(&Message::Ping(Ping { seq, limits: true }))
+                .is_err()
+            {
+                break;
+            }
+        }
+        conn
+    });
+    slot_comes_back_within(&server, Duration::from_secs(15));
+    assert!(
+        server.wait_log("Ping before the answer", Duration::from_secs(5)),
+        "{}",
+        server.stderr()
+    );
+    drop(pinger);
+}
+
+/// A control connection to `server` whose receive buffer is a few KiB, with
+/// segments of 536 bytes (both set before it connects), so the server
+/// sizes its send buffer for a slow path (as on a WAN) instead of
+/// loopback's 64 KiB segments: what the server writes and the client does
+/// not read backs up at once.
+fn connect_with_small_window(server: &Server) -> std::net::TcpStream {
     let addr = server.addr().parse().unwrap();
     let (sock, ()) = connect_prepared(addr, |fd| {
         for (level, name, value) in [
@@ -82,27 +108,58 @@ fn a_client_that_pings_without_reading_loses_its_session_slot() {
         Ok(())
     })
     .unwrap();
-    let mut conn = authenticate(sock).unwrap();
-    // Pings, none of the answers read: they would fill the server's send
-    // buffer, and it would wait to write while holding the only slot.
-    let pinger = std::thread::spawn(move || {
-        for seq in 0..longhaul_engine::probe::MAX_PINGS {
-            if conn
-                .send(&Message::Ping(Ping { seq, limits: true }))
-                .is_err()
-            {
-                break;
-            }
-        }
-        conn
-    });
-    slot_comes_back_within(&server, Duration::from_secs(15));
+    sock
+}
+
+/// A pull client that asks for a tree of 20,000 files and reads none of
+/// the server's offer (about 3 MB of manifest): the server's write of it
+/// gives up after the control connection's send timeout
+/// (CONTROL_WRITE_TIMEOUT, SO_SNDTIMEO) and the only session slot comes
+/// back; without the timeout the server waited to write for as long as the
+/// client kept its connection open.
+#[test]
+fn a_puller_that_reads_no_offer_loses_its_session_slot() {
+    use longhaul_engine::limits::CONTROL_WRITE_TIMEOUT;
+    use longhaul_engine::messages::{Direction, Mode, SessionRequest};
+
+    let t = Scratch::new("unread-offer");
+    let tree = t.path().join("root/tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    for i in 0..20_000 {
+        std::fs::File::create(tree.join(format!("a-file-with-a-longish-name-{i:05}"))).unwrap();
+    }
+    let root = t.path().join("root");
+    let server = Server::start(&["--max-sessions", "1", "--root", root.to_str().unwrap()]);
+    let mut conn = authenticate(connect_with_small_window(&server)).unwrap();
+    let asked = Instant::now();
+    conn.send(&Message::SessionRequest(SessionRequest {
+        mode: Mode::Disk,
+        direction: Direction::Receive,
+        streams: 1,
+        bytes: None,
+        seconds: Some(60.0),
+        buffer: 1 << 20,
+        cc: None,
+        rate_bps: None,
+        mode_params: Some(serde_json::json!({"paths": ["tree"], "checksum": false,
+            "io_workers_per_device": 1, "direct": false})),
+        client_host: None,
+    }))
+    .unwrap();
+    slot_comes_back_within(&server, CONTROL_WRITE_TIMEOUT + Duration::from_secs(20));
+    let took = asked.elapsed();
     assert!(
-        server.wait_log("Ping before the answer", Duration::from_secs(5)),
+        took >= CONTROL_WRITE_TIMEOUT - Duration::from_secs(2),
+        "the slot came back after {took:?}, before the send timeout: the offer fit in the \
+         buffers, so this tested nothing: {}",
+        server.stderr()
+    );
+    assert!(
+        server.wait_log("took nothing in", Duration::from_secs(5)),
         "{}",
         server.stderr()
     );
-    drop(pinger);
+    drop(conn);
 }
 
 /// Runs a session until one succeeds, that is until the server gave back
