@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::frame::{Frame, MAX_FRAME_LEN};
 use crate::limits::CONNECT_TIMEOUT;
 use crate::messages::Message;
+use crate::sockopt;
 
 /// The first address `HOST:PORT` resolves to.
 pub fn resolve(to: &str) -> Result<SocketAddr> {
@@ -132,11 +133,11 @@ impl Connection {
         Ok(())
     }
 
-    /// Sets how long each subsequent [`Connection::send`] may take, from
-    /// its call to the last byte handed to the kernel: a whole message, not
-    /// each write (SO_SNDTIMEO alone bounds each write, so a peer that takes
-    /// in a little now and then, or a message that half fits in the send
-    /// buffer, held a send for twice the timeout or more).
+    /// Sets the patience of a [`Connection::send`]: a peer that takes in
+    /// less than [`MIN_TAKEN_IN`] of a message over this long fails the
+    /// send, one that reads slowly keeps it going. (SO_SNDTIMEO alone bounds
+    /// each write from its start: a message that half fit in the send
+    /// buffer held a send for two timeouts, and a trickle for ever.)
     pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.writer
             .set_write_timeout(timeout)
@@ -164,31 +165,33 @@ impl Connection {
                 std::io::Error::other("an earlier write to this connection failed"),
             ));
         }
-        let frame = msg.to_frame()?;
+        // Encoded first: a message too large to send fails here, with
+        // nothing written, and the connection stays usable.
+        let bytes = msg.to_frame()?.encode()?;
         let sent = match self.write_timeout {
-            None => frame.write_to(&mut self.writer),
-            Some(t) => frame
-                .write_to(&mut WriteByDeadline {
+            None => (&self.writer).write_all(&bytes),
+            Some(t) => {
+                let sent = WhileTakenIn {
                     socket: &self.writer,
-                    deadline: Instant::now() + t,
-                })
+                    patience: t,
+                    since: Instant::now(),
+                    acked: sockopt::bytes_acked(&self.writer),
+                }
+                .write_all(&bytes);
                 // The option is the socket's, shared with its clones (the
                 // keep-alive writer): leave it whole again.
-                .map_err(|e| match e {
-                    Error::Timeout(_) => Error::Timeout(format!(
-                        "writing a control frame: the peer took nothing in for {} s",
-                        t.as_secs()
-                    )),
-                    e => e,
-                })
-                .and_then(|()| {
-                    self.writer
-                        .set_write_timeout(Some(t))
-                        .map_err(|e| Error::io("control connection", e))
-                }),
+                sent.and_then(|()| self.writer.set_write_timeout(Some(t)))
+            }
         };
         self.broken = sent.is_err();
-        sent
+        sent.map_err(|e| match (e.kind(), self.write_timeout) {
+            (std::io::ErrorKind::TimedOut, Some(t)) => Error::Timeout(format!(
+                "writing a control frame: the peer took in less than {} KiB in {} s",
+                MIN_TAKEN_IN >> 10,
+                t.as_secs()
+            )),
+            _ => Error::io("writing a control frame", e),
+        })
     }
 
     /// Receives one message; a closed connection is [`Error::PeerAborted`],
@@ -260,25 +263,51 @@ impl<R: Read> Read for ByDeadline<'_, R> {
     }
 }
 
-/// Writes that end at `deadline`: before each write the socket's send
-/// timeout is set to what remains of it.
-struct WriteByDeadline<'a> {
+/// Least a peer must take in of a message it is sent per send patience
+/// ([`Connection::set_write_timeout`]): 64 KiB per 30 s is ~17 kbit/s.
+/// Any progress at all would not do: a peer that reads nothing still
+/// acknowledges a few bytes now and then (its kernel squeezes its receive
+/// queue and reopens the window a crack), and a peer could read a byte a
+/// minute.
+pub const MIN_TAKEN_IN: u64 = 64 << 10;
+
+/// Writes that fail once the peer took in less than [`MIN_TAKEN_IN`] over
+/// `patience`: each write waits at most a second (SO_SNDTIMEO), and between
+/// them the peer's acknowledgements (tcpi_bytes_acked) tell how much it
+/// took in.
+struct WhileTakenIn<'a> {
     socket: &'a TcpStream,
-    deadline: Instant,
+    patience: Duration,
+    /// Start of the current span of `patience`, and what the peer had
+    /// acknowledged then.
+    since: Instant,
+    acked: Option<u64>,
 }
 
-impl Write for WriteByDeadline<'_> {
+/// How long one write of [`WhileTakenIn`] waits before it looks again.
+const WRITE_SLICE: Duration = Duration::from_secs(1);
+
+impl Write for WhileTakenIn<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.socket.set_write_timeout(Some(left))?;
-        match (&mut &*self.socket).write(buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                Err(std::io::ErrorKind::TimedOut.into())
+        loop {
+            let span = self.since.elapsed();
+            if span >= self.patience {
+                let acked = sockopt::bytes_acked(self.socket);
+                match (self.acked, acked) {
+                    (Some(a), Some(b)) if b.saturating_sub(a) >= MIN_TAKEN_IN => {
+                        self.since = Instant::now();
+                        self.acked = acked;
+                    }
+                    _ => return Err(std::io::ErrorKind::TimedOut.into()),
+                }
+                continue;
             }
-            r => r,
+            self.socket
+                .set_write_timeout(Some((self.patience - span).min(WRITE_SLICE)))?;
+            match (&mut &*self.socket).write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
         }
     }
 
@@ -332,5 +361,69 @@ mod tests {
         drop(l);
         let err = connect_prepared(addr, |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+
+    fn set_int(fd: &impl std::os::fd::AsRawFd, name: libc::c_int, value: libc::c_int) {
+        sockopt::setsockopt(fd, libc::SOL_SOCKET, name, &value).unwrap();
+    }
+
+    /// A 1 MiB message through small buffers with a send patience of 1 s: a
+    /// peer that reads 16 KiB every 100 ms (above MIN_TAKEN_IN a second)
+    /// for 4 s, four times the patience, and then the rest gets it whole;
+    /// one that reads nothing fails the send after about the patience, and
+    /// the error says so.
+    #[test]
+    fn a_send_waits_while_the_peer_reads_and_fails_when_it_reads_nothing() {
+        let patience = Duration::from_secs(1);
+        for reads in [true, false] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let (mut peer, ()) = connect_prepared(l.local_addr().unwrap(), |fd| {
+                set_int(&fd, libc::SO_RCVBUF, 64 << 10);
+                Ok(())
+            })
+            .unwrap();
+            let (accepted, _) = l.accept().unwrap();
+            set_int(&accepted, libc::SO_SNDBUF, 16 << 10);
+            let mut conn = Connection::new(accepted).unwrap();
+            conn.set_write_timeout(Some(patience)).unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut got = 0;
+                let mut buf = vec![0u8; 16 << 10];
+                let slow_until = Instant::now() + 4 * patience;
+                if !reads {
+                    std::thread::sleep(4 * patience);
+                    return 0;
+                }
+                while Instant::now() < slow_until {
+                    got += peer.read(&mut buf).unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let mut rest = Vec::new();
+                got + peer.read_to_end(&mut rest).unwrap()
+            });
+            let msg = Message::ModeData(serde_json::json!({"x": "a".repeat(1000 << 10)}));
+            let started = Instant::now();
+            let sent = conn.send(&msg);
+            let took = started.elapsed();
+            if reads {
+                sent.unwrap();
+                assert!(
+                    took >= 3 * patience,
+                    "the message fit in the buffers: {took:?}"
+                );
+                drop(conn);
+                assert!(reader.join().unwrap() > 1000 << 10);
+            } else {
+                let err = sent.unwrap_err().to_string();
+                assert!(
+                    err.contains("the peer took in less than 64 KiB in 1 s"),
+                    "{err}"
+                );
+                assert!(took < 3 * patience, "{took:?}");
+                // Nothing more is written after a failed send.
+                assert!(conn.send(&Message::Start).is_err());
+                reader.join().unwrap();
+            }
+        }
     }
 }

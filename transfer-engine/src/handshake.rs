@@ -24,7 +24,7 @@ use crate::auth::{from_hex, proofs_equal, random_bytes, to_hex, Token, NONCE_LEN
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::frame::{Frame, FRAME_MAGIC, HEADER_LEN};
-use crate::limits::HANDSHAKE_TIMEOUT;
+use crate::limits::{CONTROL_WRITE_TIMEOUT, HANDSHAKE_TIMEOUT};
 use crate::messages::{Auth, Challenge, Hello, Message, MessageType};
 use crate::{PROTOCOL_VERSION, SOFTWARE_VERSION};
 
@@ -169,6 +169,9 @@ fn expect_kind(got: Message, want: &str) -> Error {
 /// connection. After it the client may send `SessionRequest` (or `Ping`).
 pub fn client_authenticate(conn: &mut Connection, token: Option<&Token>) -> Result<Nonces> {
     conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    // A server that stops reading (frozen, or its host hung) must not hold
+    // a client in the middle of sending its manifest for ever.
+    conn.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))?;
     let client_nonce = random_bytes::<NONCE_LEN>();
     conn.send(&Message::Hello(Hello {
         version: PROTOCOL_VERSION,

@@ -13,10 +13,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection frees its slot quickly.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// SO_SNDTIMEO of the server's control connections: a client that takes
-/// none of what the server writes for this long (frozen, or pinging without
-/// reading the answers) fails its session, so the session's slot and data
-/// sockets are freed. As long as [`DATA_IDLE_TIMEOUT`], the same patience.
+/// The patience of control-message writes, on both ends
+/// (`Connection::set_write_timeout`): a peer that takes in less than
+/// `connection::MIN_TAKEN_IN` of a message over this long fails the send.
+/// A client that reads nothing the server writes (frozen, or pinging
+/// without reading the answers) fails its session, so the session's slot
+/// and data sockets are freed; a server that stops reading fails the client
+/// instead of holding it in the middle of its manifest. As long as
+/// [`DATA_IDLE_TIMEOUT`], the same patience.
 pub const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// From `SessionAccepted` until every data connection has attached and the

@@ -22,7 +22,12 @@ pub const AVAILABLE_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion
 /// The algorithms a process without CAP_NET_ADMIN may choose.
 pub const ALLOWED_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
-fn setsockopt<T>(sock: &impl AsRawFd, level: i32, name: i32, value: &T) -> std::io::Result<()> {
+pub(crate) fn setsockopt<T>(
+    sock: &impl AsRawFd,
+    level: i32,
+    name: i32,
+    value: &T,
+) -> std::io::Result<()> {
     // SAFETY: `value` points to a live T and we pass its exact size.
     let rc = unsafe {
         libc::setsockopt(

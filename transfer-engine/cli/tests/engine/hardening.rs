@@ -80,6 +80,21 @@ fn a_client_that_pings_without_reading_loses_its_session_slot() {
     drop(pinger);
 }
 
+/// Sets an integer socket option, or panics naming it.
+fn set_int_option(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: setsockopt on a socket we own, with a c_int value.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt {name}");
+}
+
 /// A control connection to `server` whose receive buffer is a few KiB, with
 /// segments of 536 bytes (both set before it connects), so the server
 /// sizes its send buffer for a slow path (as on a WAN) instead of
@@ -88,46 +103,36 @@ fn a_client_that_pings_without_reading_loses_its_session_slot() {
 fn connect_with_small_window(server: &Server) -> std::net::TcpStream {
     let addr = server.addr().parse().unwrap();
     let (sock, ()) = connect_prepared(addr, |fd| {
-        for (level, name, value) in [
-            (libc::SOL_SOCKET, libc::SO_RCVBUF, 4096),
-            (libc::IPPROTO_TCP, libc::TCP_MAXSEG, 536),
-        ] {
-            let value: libc::c_int = value;
-            // SAFETY: setsockopt on a socket we own, with a c_int value.
-            let rc = unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    level,
-                    name,
-                    (&value as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(rc, 0, "setsockopt {name}");
-        }
+        set_int_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
+        set_int_option(&fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, 536);
         Ok(())
     })
     .unwrap();
     sock
 }
 
+/// `n` empty files with names of 32 bytes in `dir` (created): about 150
+/// bytes of manifest each.
+fn empty_files(dir: &std::path::Path, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        std::fs::File::create(dir.join(format!("a-file-with-a-longish-name-{i:05}"))).unwrap();
+    }
+}
+
 /// A pull client that asks for a tree of 20,000 files and reads none of
 /// the server's offer (about 3 MB of manifest): the server's write of it
-/// gives up after the control connection's send timeout
-/// (CONTROL_WRITE_TIMEOUT, SO_SNDTIMEO) and the only session slot comes
-/// back; without the timeout the server waited to write for as long as the
-/// client kept its connection open.
+/// gives up once the client took in less than 64 KiB over the control
+/// connection's send patience (CONTROL_WRITE_TIMEOUT) and the only session
+/// slot comes back; before, each write had its own SO_SNDTIMEO and the
+/// slot was still held at 50 s.
 #[test]
 fn a_puller_that_reads_no_offer_loses_its_session_slot() {
     use longhaul_engine::limits::CONTROL_WRITE_TIMEOUT;
     use longhaul_engine::messages::{Direction, Mode, SessionRequest};
 
     let t = Scratch::new("unread-offer");
-    let tree = t.path().join("root/tree");
-    std::fs::create_dir_all(&tree).unwrap();
-    for i in 0..20_000 {
-        std::fs::File::create(tree.join(format!("a-file-with-a-longish-name-{i:05}"))).unwrap();
-    }
+    empty_files(&t.path().join("root/tree"), 20_000);
     let root = t.path().join("root");
     let server = Server::start(&["--max-sessions", "1", "--root", root.to_str().unwrap()]);
     let mut conn = authenticate(connect_with_small_window(&server)).unwrap();
@@ -155,11 +160,92 @@ fn a_puller_that_reads_no_offer_loses_its_session_slot() {
         server.stderr()
     );
     assert!(
-        server.wait_log("took nothing in", Duration::from_secs(5)),
+        server.wait_log("took in less than 64 KiB in 30 s", Duration::from_secs(5)),
         "{}",
         server.stderr()
     );
     drop(conn);
+}
+
+/// A server that freezes while a client sends its manifest (a proxy passes
+/// the handshake and the first 64 KiB the client sends, then passes nothing
+/// more either way, as a SIGSTOPped server or a hung host would; the
+/// manifest of 30,000 files is about 4.5 MB): the client fails after the
+/// control connection's send deadline, naming it, instead of waiting to
+/// write for ever.
+#[test]
+fn a_client_whose_server_freezes_during_its_manifest_fails_on_time() {
+    use longhaul_engine::limits::CONTROL_WRITE_TIMEOUT;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let t = Scratch::new("unread-manifest");
+    let tree = t.path().join("tree");
+    empty_files(&tree, 30_000);
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let server = Server::start(&["--root", root.to_str().unwrap()]);
+    let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
+    // A receive window of a few KiB: the client's manifest backs up in its
+    // own send buffer at once.
+    set_int_option(&proxy, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
+    let proxy_addr = proxy.local_addr().unwrap().to_string();
+    let upstream = server.addr();
+    let frozen = Arc::new(AtomicBool::new(false));
+    std::thread::spawn(move || {
+        let (client, _) = proxy.accept().unwrap();
+        let server = TcpStream::connect(upstream).unwrap();
+        let (mut from_server, mut to_client) =
+            (server.try_clone().unwrap(), client.try_clone().unwrap());
+        let stop = frozen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = from_server.read(&mut buf).unwrap_or(0);
+                if n == 0 || stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                if to_client.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            // Frozen: what the server says from here on is never passed.
+            std::thread::sleep(CONTROL_WRITE_TIMEOUT * 3);
+            drop(to_client);
+        });
+        let (mut from_client, mut to_server) = (client, server);
+        let mut passed = 0;
+        let mut buf = [0u8; 4096];
+        while passed < 64 << 10 {
+            let n = from_client.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            to_server.write_all(&buf[..n]).unwrap();
+            passed += n;
+        }
+        frozen.store(true, Ordering::SeqCst);
+        // Read nothing more; hold both ends open until the client gives up.
+        std::thread::sleep(CONTROL_WRITE_TIMEOUT * 3);
+        drop((from_client, to_server));
+    });
+    let started = Instant::now();
+    let out = spawn(&["send", "--to", &proxy_addr, tree.to_str().unwrap()])
+        .wait(CONTROL_WRITE_TIMEOUT + Duration::from_secs(30));
+    let took = started.elapsed();
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("took in less than 64 KiB in 30 s"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        took >= CONTROL_WRITE_TIMEOUT - Duration::from_secs(2),
+        "failed after {took:?}, before the send deadline: {}",
+        out.stderr
+    );
 }
 
 /// Runs a session until one succeeds, that is until the server gave back

@@ -141,8 +141,14 @@ pub fn keep_alive<T>(conn: &Connection, every: Duration, work: impl FnOnce() -> 
     Ok(std::thread::scope(|scope| {
         scope.spawn(move || {
             // Until `done` is dropped; a failed write ends the ticking, and
-            // the caller's next message finds the connection's state.
+            // the caller's next message finds the connection's state. A
+            // tick whose predecessor the peer has not acknowledged is
+            // skipped: one `working` in flight says it, and a peer that
+            // reads nothing cannot make this thread wait to write.
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+                if crate::sockopt::unacked(&socket).is_some_and(|n| n > 0) {
+                    continue;
+                }
                 if frame.write_to(&mut socket).is_err() {
                     break;
                 }

@@ -1253,10 +1253,11 @@ fn release(sh: &Shared, o: &mut Open) {
     // Closed first, looked at after: whatever the kernel does at the last
     // close (IMA, for one, may rewrite an xattr, which moves the ctime) is
     // in what is noted.
+    let ino = file.metadata().map(|m| m.ino()).ok();
     drop((file, direct));
     o.seen = match dir.stat(&partial::part_name(&o.name)) {
-        Ok(Some(st)) => (st.st_ino, st.st_ctime, st.st_ctime_nsec),
-        // Gone already: no reopen will match.
+        Ok(Some(st)) if Some(st.st_ino) == ino => (st.st_ino, st.st_ctime, st.st_ctime_nsec),
+        // Gone or replaced already: no reopen will match.
         _ => (0, 0, 0),
     };
 }
