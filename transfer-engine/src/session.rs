@@ -313,10 +313,17 @@ fn data_phase_inner(
                 for s in streams {
                     s.sample();
                 }
-                let report = StreamsReport {
-                    streams: streams.iter().map(|s| s.report()).collect(),
-                };
-                control.send(&Message::StreamsReport(report))?;
+                // A report is the latest state: while the peer has not
+                // taken in the last one (the control connection's share of
+                // a crowded path), this one is skipped rather than queued
+                // behind it, so the loop never waits to write.
+                let backlog = sockopt::unacked(control.socket()).is_some_and(|n| n > 0);
+                if !backlog {
+                    let report = StreamsReport {
+                        streams: streams.iter().map(|s| s.report()).collect(),
+                    };
+                    control.send(&Message::StreamsReport(report))?;
+                }
                 // Never a burst of catch-up reports after a slow moment.
                 next_report = Some((at + period).max(Instant::now()));
                 continue;
