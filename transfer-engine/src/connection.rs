@@ -67,9 +67,10 @@ pub struct Connection {
     max_frame: usize,
     /// How long one [`Connection::recv`] may take, `None` for ever.
     timeout: Option<Duration>,
-    /// How long one [`Connection::send`] may take, `None` for ever.
+    /// The send patience ([`Connection::set_write_timeout`]), `None` for
+    /// ever.
     write_timeout: Option<Duration>,
-    /// A send failed (e.g. its send timeout passed): what the peer got
+    /// A send failed (e.g. its patience was spent): what the peer got
     /// may end mid-frame, so nothing more is written.
     broken: bool,
 }
@@ -147,7 +148,7 @@ impl Connection {
     }
 
     /// Another handle on the same socket for writing, with the same send
-    /// deadline (for a reader thread taking this one).
+    /// patience (for a reader thread taking this one).
     pub fn try_clone_writer(&self) -> Result<Connection> {
         let mut c = Connection::new(
             self.writer
