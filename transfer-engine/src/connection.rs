@@ -171,19 +171,7 @@ impl Connection {
         let bytes = msg.to_frame()?.encode()?;
         let sent = match self.write_timeout {
             None => (&self.writer).write_all(&bytes),
-            Some(t) => {
-                let sent = WhileTakenIn {
-                    socket: &self.writer,
-                    patience: t,
-                    since: Instant::now(),
-                    acked: sockopt::bytes_acked(&self.writer),
-                    written: 0,
-                }
-                .write_all(&bytes);
-                // The option is the socket's, shared with its clones (the
-                // keep-alive writer): leave it whole again.
-                sent.and_then(|()| self.writer.set_write_timeout(Some(t)))
-            }
+            Some(t) => WhileTakenIn::new(&self.writer, t).write_all(&bytes),
         };
         self.broken = sent.is_err();
         sent.map_err(|e| match (e.get_ref(), self.write_timeout) {
@@ -225,8 +213,9 @@ impl Connection {
     /// Best effort: tell the peer why we stop. Errors are ignored because we
     /// are already failing. It never waits: a peer that reads nothing (its
     /// window closed, our send buffer full) must not hold this end for
-    /// another send timeout, and after a failed send nothing is written
-    /// (the peer may be mid-frame).
+    /// another send patience; it is sent only if it fits in the send buffer
+    /// whole, and after a failed send nothing is written (the peer may be
+    /// mid-frame).
     pub fn send_error(&mut self, err: &Error) {
         if self.broken {
             return;
@@ -234,6 +223,12 @@ impl Connection {
         let Ok(bytes) = Message::error(err).to_frame().and_then(|f| f.encode()) else {
             return;
         };
+        // Whole or not at all: a torn frame would tell the peer nothing.
+        let room = sockopt::sndbuf(&self.writer).map(|b| b / 2).unwrap_or(0) as u64;
+        let queued = sockopt::unacked(&self.writer).unwrap_or(u64::MAX);
+        if queued.saturating_add(bytes.len() as u64) > room {
+            return;
+        }
         let _ = socket2::SockRef::from(&self.writer)
             .send_with_flags(&bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
     }
@@ -274,18 +269,63 @@ impl<R: Read> Read for ByDeadline<'_, R> {
 pub const MIN_TAKEN_IN: u64 = 64 << 10;
 
 /// Writes that fail once the peer took in less than [`MIN_TAKEN_IN`] over
-/// `patience`: each write waits at most a second (SO_SNDTIMEO), and between
-/// them the peer's acknowledgements (tcpi_bytes_acked; where the kernel
-/// does not report them, what the writes got into the send buffer) tell how
-/// much it took in.
+/// the last `patience`: each write waits at most a second (SO_SNDTIMEO),
+/// and between them the peer's acknowledgements (tcpi_bytes_acked; where
+/// the kernel does not report them, what the writes got into the send
+/// buffer) are sampled, so a peer that stops reading fails the send
+/// `patience` after it stopped, whatever it took in before.
 struct WhileTakenIn<'a> {
     socket: &'a TcpStream,
     patience: Duration,
-    /// Start of the current span of `patience`, what the peer had
-    /// acknowledged then, and what was written since.
-    since: Instant,
-    acked: Option<u64>,
+    started: Instant,
+    /// (when, bytes taken in by then), oldest first, reaching back just
+    /// past `patience`.
+    samples: std::collections::VecDeque<(Instant, u64)>,
+    /// tcpi_bytes_acked at the start, if the kernel reports it.
+    acked_at_start: Option<u64>,
     written: u64,
+}
+
+impl<'a> WhileTakenIn<'a> {
+    fn new(socket: &'a TcpStream, patience: Duration) -> Self {
+        let now = Instant::now();
+        WhileTakenIn {
+            socket,
+            patience,
+            started: now,
+            samples: [(now, 0)].into(),
+            acked_at_start: sockopt::bytes_acked(socket),
+            written: 0,
+        }
+    }
+
+    /// Bytes the peer took in since the start.
+    fn taken(&self) -> u64 {
+        match (self.acked_at_start, sockopt::bytes_acked(self.socket)) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => self.written,
+        }
+    }
+
+    /// Whether the peer took in less than [`MIN_TAKEN_IN`] over the last
+    /// `patience` (never before `patience` has passed).
+    fn spent(&mut self) -> bool {
+        let now = Instant::now();
+        let taken = self.taken();
+        self.samples.push_back((now, taken));
+        // Keep the newest sample at least `patience` old as the baseline.
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|&(t, _)| now.duration_since(t) >= self.patience)
+        {
+            self.samples.pop_front();
+        }
+        let (t0, base) = self.samples[0];
+        now.duration_since(self.started) >= self.patience
+            && now.duration_since(t0) >= self.patience
+            && taken - base < MIN_TAKEN_IN
+    }
 }
 
 /// How long one write of [`WhileTakenIn`] waits before it looks again.
@@ -307,26 +347,13 @@ impl std::error::Error for PatienceSpent {}
 impl Write for WhileTakenIn<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         loop {
-            let span = self.since.elapsed();
-            if span >= self.patience {
-                let acked = sockopt::bytes_acked(self.socket);
-                let taken = match (self.acked, acked) {
-                    (Some(a), Some(b)) => b.saturating_sub(a),
-                    _ => self.written,
-                };
-                if taken < MIN_TAKEN_IN {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        PatienceSpent,
-                    ));
-                }
-                self.since = Instant::now();
-                self.acked = acked;
-                self.written = 0;
-                continue;
+            if self.spent() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    PatienceSpent,
+                ));
             }
-            self.socket
-                .set_write_timeout(Some((self.patience - span).min(WRITE_SLICE)))?;
+            self.socket.set_write_timeout(Some(WRITE_SLICE))?;
             match (&mut &*self.socket).write(buf) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Ok(n) => {
@@ -390,10 +417,6 @@ mod tests {
         assert!(err.to_string().contains(&addr.to_string()), "{err}");
     }
 
-    fn set_int(fd: &impl std::os::fd::AsRawFd, name: libc::c_int, value: libc::c_int) {
-        sockopt::setsockopt(fd, libc::SOL_SOCKET, name, &value).unwrap();
-    }
-
     /// A 1 MiB message through small buffers with a send patience of 1 s: a
     /// peer that reads 16 KiB every 100 ms (above MIN_TAKEN_IN a second)
     /// for 4 s, four times the patience, and then the rest gets it whole;
@@ -405,12 +428,12 @@ mod tests {
         for reads in [true, false] {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let (mut peer, ()) = connect_prepared(l.local_addr().unwrap(), |fd| {
-                set_int(&fd, libc::SO_RCVBUF, 64 << 10);
-                Ok(())
+                sockopt::set_buffer(&fd, libc::SO_RCVBUF, 64 << 10)
+                    .map_err(|e| Error::io("setting SO_RCVBUF", e))
             })
             .unwrap();
             let (accepted, _) = l.accept().unwrap();
-            set_int(&accepted, libc::SO_SNDBUF, 16 << 10);
+            sockopt::set_buffer(&accepted, libc::SO_SNDBUF, 16 << 10).unwrap();
             let mut conn = Connection::new(accepted).unwrap();
             conn.set_write_timeout(Some(patience)).unwrap();
             let reader = std::thread::spawn(move || {

@@ -98,6 +98,10 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 /// up to (not including) `AuthOk`. On failure the peer has been told why.
 pub fn authenticate(conn: &mut Connection, policy: &AuthPolicy) -> Result<Proven> {
     conn.set_max_frame(MAX_HANDSHAKE_FRAME);
+    conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    // A client that reads nothing must not hold a session slot while we
+    // wait to write.
+    conn.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))?;
     let result = authenticate_inner(conn, policy);
     if let Err(e) = &result {
         conn.send_error(e);

@@ -27,7 +27,7 @@ use crate::auth::{random_bytes, to_hex, Token};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::handshake::{self, AuthPolicy, Proven, MAX_FIRST_MESSAGE};
-use crate::limits::{admission_settings, ATTACH_TIMEOUT, CONTROL_WRITE_TIMEOUT, HANDSHAKE_TIMEOUT};
+use crate::limits::{admission_settings, ATTACH_TIMEOUT};
 use crate::logline;
 use crate::messages::{AuthOk, Message, SessionAccepted, SessionRequest};
 use crate::planes::disk::claims::{Claimant, Claims, RootLock};
@@ -332,12 +332,6 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         Ok(c) => c,
         Err(e) => return reporter.report(&format!("control connection: {e}")),
     };
-    let timeouts = conn
-        .set_timeout(Some(HANDSHAKE_TIMEOUT))
-        .and_then(|_| conn.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT)));
-    if let Err(e) = timeouts {
-        return reporter.report(&format!("control connection: {e}"));
-    }
     let policy = AuthPolicy {
         token: ctx.opts.token.clone(),
         allow_unauthenticated: ctx.opts.allow_unauthenticated,
@@ -420,7 +414,7 @@ fn serve_session(
             // carries it acknowledges that answer. A client that pings on
             // without taking the answers in would fill our send buffer and
             // hold this session slot while we wait to write.
-            Ok(Message::Ping(_)) if sockopt::unacked(conn.socket()).is_some_and(|n| n > 0) => {
+            Ok(Message::Ping(_)) if !sockopt::drained(conn.socket()) => {
                 return fail(
                     conn,
                     Error::Protocol(

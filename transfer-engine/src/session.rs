@@ -317,8 +317,7 @@ fn data_phase_inner(
                 // taken in the last one (the control connection's share of
                 // a crowded path), this one is skipped rather than queued
                 // behind it, so the loop never waits to write.
-                let backlog = sockopt::unacked(control.socket()).is_some_and(|n| n > 0);
-                if !backlog {
+                if sockopt::drained(control.socket()) {
                     let report = StreamsReport {
                         streams: streams.iter().map(|s| s.report()).collect(),
                     };

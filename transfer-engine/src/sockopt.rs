@@ -313,6 +313,22 @@ pub fn unacked(sock: &impl AsRawFd) -> Option<u64> {
     (rc == 0).then(|| n.max(0) as u64)
 }
 
+/// Whether the peer has acknowledged everything written to the socket
+/// (nothing [`unacked`]): a periodic message (a keep-alive, a report, a
+/// ping's answer) is only worth sending, or taking, once the last one was
+/// taken in.
+pub fn drained(sock: &impl AsRawFd) -> bool {
+    unacked(sock).is_none_or(|n| n == 0)
+}
+
+/// Sets one of SO_SNDBUF or SO_RCVBUF (`which`) to `bytes`, as asked, with
+/// no check of what the kernel made of it ([`set_buffers`] sets both and
+/// warns of a cap): a small window on purpose.
+pub fn set_buffer(sock: &impl AsRawFd, which: libc::c_int, bytes: usize) -> std::io::Result<()> {
+    let want = bytes.min(i32::MAX as usize) as libc::c_int;
+    setsockopt(sock, libc::SOL_SOCKET, which, &want)
+}
+
 /// The send buffer the kernel gave a socket (SO_SNDBUF as read back).
 pub fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
     buffer_size(sock, libc::SO_SNDBUF)

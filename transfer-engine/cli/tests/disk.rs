@@ -520,7 +520,7 @@ fn full_filesystem_names_the_file_and_server_survives() {
 mod crafted {
     use super::*;
     use longhaul_engine::connection::Connection;
-    use longhaul_engine::messages::{Direction, Message, Mode, SessionRequest};
+    use longhaul_engine::messages::{Direction, Message};
     use serde_json::json;
 
     fn handshake(port: u16) -> longhaul_engine::Result<Connection> {
@@ -531,19 +531,11 @@ mod crafted {
     /// the server's first answer (its offer, or its error).
     pub fn pull(port: u16, paths: &[&str]) -> longhaul_engine::Result<serde_json::Value> {
         let mut conn = handshake(port)?;
-        conn.send(&Message::SessionRequest(SessionRequest {
-            mode: Mode::Disk,
-            direction: Direction::Receive,
-            streams: 1,
-            bytes: None,
-            seconds: Some(10.0),
-            buffer: 1 << 20,
-            cc: None,
-            rate_bps: None,
-            mode_params: Some(json!({"paths": paths, "checksum": false,
-                "io_workers_per_device": 1, "direct": false})),
-            client_host: None,
-        }))?;
+        conn.send(&Message::SessionRequest(support::disk_request(
+            Direction::Receive,
+            json!({"paths": paths, "checksum": false,
+                "io_workers_per_device": 1, "direct": false}),
+        )))?;
         match conn.recv()? {
             Message::ModeData(v) => Ok(v),
             other => panic!("expected the offer, got {:?}", other.kind()),
@@ -569,21 +561,11 @@ mod crafted {
         entries: usize,
     ) -> longhaul_engine::Result<Connection> {
         let mut conn = handshake(port)?;
-        conn.send(&Message::SessionRequest(SessionRequest {
-            mode: Mode::Disk,
-            direction: Direction::Send,
-            streams: 1,
-            bytes: None,
-            seconds: Some(10.0),
-            buffer: 1 << 20,
-            cc: None,
-            rate_bps: None,
-            mode_params: Some(
-                json!({"dest": dest, "resume": true, "io_workers_per_device": 1,
+        conn.send(&Message::SessionRequest(support::disk_request(
+            Direction::Send,
+            json!({"dest": dest, "resume": true, "io_workers_per_device": 1,
                 "direct": false, "entries": entries, "chunk_size": 1 << 20}),
-            ),
-            client_host: None,
-        }))?;
+        )))?;
         Ok(conn)
     }
 

@@ -4,13 +4,13 @@
 //! session slot.
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use longhaul_engine::connection::connect_prepared;
 use longhaul_engine::frame::{Frame, HEADER_LEN};
 use longhaul_engine::limits::{DATA_IDLE_TIMEOUT, HANDSHAKE_TIMEOUT};
 use longhaul_engine::messages::{Message, Ping};
+use longhaul_engine::sockopt;
 
 use crate::support::*;
 
@@ -80,21 +80,6 @@ fn a_client_that_pings_without_reading_loses_its_session_slot() {
     drop(pinger);
 }
 
-/// Sets an integer socket option, or panics naming it.
-fn set_int_option(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
-    // SAFETY: setsockopt on a socket we own, with a c_int value.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "setsockopt {name}");
-}
-
 /// A control connection to `server` whose receive buffer is a few KiB, with
 /// segments of 536 bytes (both set before it connects), so the server
 /// sizes its send buffer for a slow path (as on a WAN) instead of
@@ -103,9 +88,8 @@ fn set_int_option(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, valu
 fn connect_with_small_window(server: &Server) -> std::net::TcpStream {
     let addr = server.addr().parse().unwrap();
     let (sock, ()) = connect_prepared(addr, |fd| {
-        set_int_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
-        set_int_option(&fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, 536);
-        Ok(())
+        sockopt::set_buffer(&fd, libc::SO_RCVBUF, 4096).unwrap();
+        sockopt::set_mss(&fd, 536)
     })
     .unwrap();
     sock
@@ -129,7 +113,7 @@ fn empty_files(dir: &std::path::Path, n: usize) {
 #[test]
 fn a_puller_that_reads_no_offer_loses_its_session_slot() {
     use longhaul_engine::limits::CONTROL_WRITE_TIMEOUT;
-    use longhaul_engine::messages::{Direction, Mode, SessionRequest};
+    use longhaul_engine::messages::Direction;
 
     let t = Scratch::new("unread-offer");
     empty_files(&t.path().join("root/tree"), 20_000);
@@ -137,19 +121,11 @@ fn a_puller_that_reads_no_offer_loses_its_session_slot() {
     let server = Server::start(&["--max-sessions", "1", "--root", root.to_str().unwrap()]);
     let mut conn = authenticate(connect_with_small_window(&server)).unwrap();
     let asked = Instant::now();
-    conn.send(&Message::SessionRequest(SessionRequest {
-        mode: Mode::Disk,
-        direction: Direction::Receive,
-        streams: 1,
-        bytes: None,
-        seconds: Some(60.0),
-        buffer: 1 << 20,
-        cc: None,
-        rate_bps: None,
-        mode_params: Some(serde_json::json!({"paths": ["tree"], "checksum": false,
-            "io_workers_per_device": 1, "direct": false})),
-        client_host: None,
-    }))
+    conn.send(&Message::SessionRequest(disk_request(
+        Direction::Receive,
+        serde_json::json!({"paths": ["tree"], "checksum": false,
+            "io_workers_per_device": 1, "direct": false}),
+    )))
     .unwrap();
     slot_comes_back_within(&server, CONTROL_WRITE_TIMEOUT + Duration::from_secs(20));
     let took = asked.elapsed();
@@ -190,7 +166,7 @@ fn a_client_whose_server_freezes_during_its_manifest_fails_on_time() {
     let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
     // A receive window of a few KiB: the client's manifest backs up in its
     // own send buffer at once.
-    set_int_option(&proxy, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
+    sockopt::set_buffer(&proxy, libc::SO_RCVBUF, 4096).unwrap();
     let proxy_addr = proxy.local_addr().unwrap().to_string();
     let upstream = server.addr();
     let frozen = Arc::new(AtomicBool::new(false));

@@ -370,3 +370,24 @@ pub fn authenticate(
     assert!(matches!(conn.recv()?, Message::AuthOk(_)));
     Ok(conn)
 }
+
+/// A disk-mode SessionRequest as a client sends it, one stream, 10 s:
+/// `direction` is the client's (`Send` pushes, `Receive` pulls), `params`
+/// its mode parameters.
+pub fn disk_request(
+    direction: longhaul_engine::messages::Direction,
+    params: serde_json::Value,
+) -> longhaul_engine::messages::SessionRequest {
+    longhaul_engine::messages::SessionRequest {
+        mode: longhaul_engine::messages::Mode::Disk,
+        direction,
+        streams: 1,
+        bytes: None,
+        seconds: Some(10.0),
+        buffer: 1 << 20,
+        cc: None,
+        rate_bps: None,
+        mode_params: Some(params),
+        client_host: None,
+    }
+}

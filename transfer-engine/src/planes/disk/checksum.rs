@@ -174,6 +174,25 @@ impl OrderedDigest {
         }
     }
 
+    /// Some chunk of `first .. end` is folded in or waiting: a frame for it
+    /// would be a second one (parked runs never overlap, as long as every
+    /// frame is checked with this first).
+    pub fn holds_any(&self, first: u64, end: u64) -> bool {
+        if first >= end {
+            return false;
+        }
+        if first < self.next {
+            return true;
+        }
+        self.parked
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&k, p)| match p {
+                Parked::Data(_) => k >= first,
+                Parked::Zeros(n) => k + n > first,
+            })
+    }
+
     /// Chunk hashes and zero runs waiting for an earlier chunk: the memory
     /// out-of-order arrivals hold (the receiver bounds it per session).
     pub fn parked(&self) -> usize {

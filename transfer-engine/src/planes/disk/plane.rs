@@ -146,7 +146,7 @@ pub fn keep_alive<T>(conn: &Connection, every: Duration, work: impl FnOnce() -> 
             // skipped: one `working` in flight says it, and a peer that
             // reads nothing cannot make this thread wait to write.
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
-                if crate::sockopt::unacked(&socket).is_some_and(|n| n > 0) {
+                if !crate::sockopt::drained(&socket) {
                     continue;
                 }
                 if frame.write_to(&mut socket).is_err() {

@@ -800,40 +800,112 @@ fn more_files_in_progress_than_a_writer_keeps_open_arrive_verified() {
     use super::wire::{write_frame, FrameHeader, FrameKind};
     use super::writer::MAX_OPEN_FILES;
 
-    let base = tmp("wide");
+    // One writer, and eight sharing the session's budget.
+    for writers in [1, 8] {
+        let base = tmp(&format!("wide-{writers}"));
+        let root = base.join("root");
+        fs::create_dir_all(&root).unwrap();
+        let n = 3 * MAX_OPEN_FILES;
+        let opts = DiskOptions {
+            io_workers_per_device: writers,
+            ..DiskOptions::default()
+        };
+        let (rx, plan) = ReceivePipeline::prepare(&root, &two_chunk_files(n), &opts, None).unwrap();
+        assert!(plan.refused.is_empty(), "{plan:?}");
+        assert_eq!(rx.writers(), writers);
+        let r = receive_raw(&rx, move |out| {
+            two_chunk_pass(out, n, true)?;
+            two_chunk_pass(out, n, false)?;
+            write_frame(out, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])
+        });
+        r.expect("the stream ends well");
+        let report = rx.finish();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(report.files, n as u64);
+        let peak = rx.open_files_peak();
+        assert!(
+            peak <= MAX_OPEN_FILES && peak > MAX_OPEN_FILES / 2,
+            "{peak} files open at once with {writers} writer(s)"
+        );
+        for i in 0..n {
+            let got = fs::read(root.join(format!("f{i}"))).unwrap();
+            assert_eq!(got.len() as u64, CHUNK_SIZE + 1, "f{i}");
+            assert_eq!(got[CHUNK_SIZE as usize], i as u8 | 1, "f{i}");
+            assert!(got[..CHUNK_SIZE as usize].iter().all(|&b| b == 0), "f{i}");
+        }
+        let leftovers: Vec<_> = fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        fs::remove_dir_all(&base).unwrap();
+    }
+}
+
+/// A chunk sent twice with other bytes, or data where a hole was sent: the
+/// second frame's bytes would land on disk while the digest vouches for
+/// the first's, so the file fails, named; an honest file beside them
+/// arrives.
+#[test]
+fn a_chunk_sent_twice_fails_its_file() {
+    use super::checksum::checksum_bytes;
+    use super::wire::{write_frame, FrameHeader, FrameKind};
+
+    let base = tmp("twice");
     let root = base.join("root");
     fs::create_dir_all(&root).unwrap();
-    let n = 3 * MAX_OPEN_FILES;
+    let mut manifest = manifest_of("f0", 1, false);
+    let first = manifest.entries[0].clone();
+    manifest.entries = (0..3)
+        .map(|i| super::wire::ManifestEntry {
+            id: i,
+            path: format!("f{i}"),
+            sparse: i == 1,
+            ..first.clone()
+        })
+        .collect();
     let opts = DiskOptions::default();
-    let (rx, plan) = ReceivePipeline::prepare(&root, &two_chunk_files(n), &opts, None).unwrap();
+    let (rx, plan) = ReceivePipeline::prepare(&root, &manifest, &opts, None).unwrap();
     assert!(plan.refused.is_empty(), "{plan:?}");
     let r = receive_raw(&rx, move |out| {
-        two_chunk_pass(out, n, true)?;
-        two_chunk_pass(out, n, false)?;
+        let data = |out: &mut std::io::BufWriter<TcpStream>, file: u32, byte: u8| {
+            let mut h = FrameHeader::new(FrameKind::Data, file);
+            h.len = 1;
+            write_frame(out, &h, &[byte])
+        };
+        let end = |out: &mut std::io::BufWriter<TcpStream>, file: u32, byte: u8| {
+            let mut h = FrameHeader::new(FrameKind::End, file);
+            h.value = checksum_bytes(&[byte]);
+            write_frame(out, &h, &[])
+        };
+        // f0: its chunk, then the same chunk with other bytes.
+        data(out, 0, b'a')?;
+        std::io::Write::flush(out)?;
+        std::thread::sleep(Duration::from_millis(300));
+        data(out, 0, b'b')?;
+        end(out, 0, b'a')?;
+        // f1: a hole over its chunk, then data there.
+        let mut h = FrameHeader::new(FrameKind::Hole, 1);
+        h.value = 1;
+        write_frame(out, &h, &[])?;
+        data(out, 1, b'c')?;
+        end(out, 1, 0)?;
+        // f2: honest.
+        data(out, 2, b'd')?;
+        end(out, 2, b'd')?;
         write_frame(out, &FrameHeader::new(FrameKind::EndOfStream, 0), &[])
     });
     r.expect("the stream ends well");
     let report = rx.finish();
-    assert!(report.failures.is_empty(), "{:?}", report.failures);
-    assert_eq!(report.files, n as u64);
-    let peak = rx.open_files_peak();
-    assert!(
-        peak <= MAX_OPEN_FILES * rx.writers() && peak >= MAX_OPEN_FILES,
-        "{peak} files open at once with {} writer(s)",
-        rx.writers()
-    );
-    for i in 0..n {
-        let got = fs::read(root.join(format!("f{i}"))).unwrap();
-        assert_eq!(got.len() as u64, CHUNK_SIZE + 1, "f{i}");
-        assert_eq!(got[CHUNK_SIZE as usize], i as u8 | 1, "f{i}");
-        assert!(got[..CHUNK_SIZE as usize].iter().all(|&b| b == 0), "f{i}");
+    assert_eq!(report.files, 1, "{report:?}");
+    let failed: Vec<_> = report.failures.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(failed, ["f0", "f1"], "{report:?}");
+    for f in &report.failures {
+        assert!(f.error.contains("sent chunk 0 again"), "{f:?}");
     }
-    let leftovers: Vec<_> = fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|name| name.to_string_lossy().starts_with('.'))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(fs::read(root.join("f2")).unwrap(), b"d");
+    assert!(!root.join("f0").exists() && !root.join("f1").exists());
     fs::remove_dir_all(&base).unwrap();
 }
 

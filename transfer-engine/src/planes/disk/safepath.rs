@@ -113,7 +113,7 @@ impl Root {
     /// O_NOFOLLOW and O_CLOEXEC), passing no symlink on the way: a
     /// directory swapped for a symlink fails the open, it is not followed.
     pub fn open_beneath(&self, rel: &str, flags: libc::c_int) -> io::Result<File> {
-        let (dir, name) = self.parent_of(rel).map_err(|e| match e {
+        let (dir, name) = self.parent_of(rel, false).map_err(|e| match e {
             DiskError::Io { source, .. } => source,
             other => io::Error::other(other.to_string()),
         })?;
@@ -128,16 +128,17 @@ impl Root {
     /// Whether `rel` beneath the root still exists, reached without
     /// passing a symlink (a final symlink counts as there).
     pub fn exists_beneath(&self, rel: &str) -> bool {
-        self.parent_of(rel)
+        self.parent_of(rel, false)
             .is_ok_and(|(d, name)| matches!(d.stat(name), Ok(Some(_))))
     }
 
-    /// The existing directory that holds the wire path `rel`, reached
-    /// without passing a symlink, and `rel`'s last component.
-    pub fn parent_of<'r>(&self, rel: &'r str) -> Result<(Dir, &'r str)> {
+    /// The directory that holds the wire path `rel`, reached without
+    /// passing a symlink (with `create`, made where missing), and `rel`'s
+    /// last component.
+    pub fn parent_of<'r>(&self, rel: &'r str, create: bool) -> Result<(Dir, &'r str)> {
         let comps = components(rel)?;
         let (name, parent) = comps.split_last().expect("components are never empty");
-        Ok((self.open_dir(parent, false, rel)?, name))
+        Ok((self.open_dir(parent, create, rel)?, name))
     }
 
     /// Open (and with `create`, make) the directory `comps` beneath the

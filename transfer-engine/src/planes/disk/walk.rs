@@ -327,7 +327,7 @@ pub fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
     let base = Arc::new(Root::open(root)?);
     let mut tops = Vec::with_capacity(rels.len());
     for rel in rels {
-        let (dir, name) = base.parent_of(rel)?;
+        let (dir, name) = base.parent_of(rel, false)?;
         let st = match dir.stat(name) {
             Ok(Some(st)) if kind_of(&st) == libc::S_IFLNK => {
                 return Err(DiskError::Refused {

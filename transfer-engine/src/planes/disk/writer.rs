@@ -86,18 +86,25 @@ const STATE_SAVE_BYTES: u64 = 16 << 20;
 /// data frame (2 x 30 s x 12.5 GB/s / 1 MiB = ~720 K).
 pub const MAX_PARKED_BLOCKS: usize = 1 << 20;
 
-/// Most files one writer worker keeps open at once (each holds its
-/// temporary file, its directory and, with `--direct`, a second descriptor
-/// of the file). Past it the file its least recent frame went to, with no
-/// write in flight, is closed and reopened when its next frame comes
+/// Most files a session's writers keep open at once, shared out among them
+/// (but at least [`WRITE_DEPTH`] + 1 each, so that one always has a file
+/// without writes in flight to close). Each holds its temporary file, its
+/// directory and, with `--direct`, a second descriptor of the file. Past
+/// a writer's share, the file its least recent frame went to, with no write
+/// in flight, is closed and reopened when its next data frame comes
 /// ([`Worker::ensure_open`]). Without it a sender could make the server
 /// open every manifest entry (4 Mi of them) by sending one frame each, and
 /// a process out of descriptors also fails every other session's files and
 /// its accepts. An honest sender has about one file per stream in progress
 /// (its readers read each file in order), so this closes files only past
-/// 256 streams of large files on one writer, where a reopen (a few
-/// syscalls) is small beside the 1 MiB write it serves.
+/// 256 streams of large files, where a reopen (a few syscalls and a walk
+/// down the path) is small beside the 1 MiB write it serves.
 pub const MAX_OPEN_FILES: usize = 256;
+
+/// Complete files and sidecar saves a session's writers may queue for
+/// their finishers, shared out among them (at least 2 each): queued files
+/// hold their descriptors too.
+const FINISH_QUEUE: usize = 64;
 
 /// A file the receiver expects blocks for.
 #[derive(Debug, Clone)]
@@ -157,10 +164,13 @@ struct Shared {
     /// Blocks parked in the writers' digests ([`MAX_PARKED_BLOCKS`]): the
     /// writers count, the streams refuse frames beyond the bound.
     parked: AtomicUsize,
-    /// Files holding descriptors, in all this session's writers
-    /// ([`MAX_OPEN_FILES`] each), and the most there have been.
+    /// Files holding descriptors, in all this session's writers, and the
+    /// most there have been.
     open_files: AtomicUsize,
     open_files_peak: AtomicUsize,
+    /// Each writer's share of [`MAX_OPEN_FILES`] and of [`FINISH_QUEUE`].
+    open_per_writer: usize,
+    finish_queue: usize,
     direct: bool,
     /// This session's claims on its destination files: released when the
     /// last writer has ended (the writers hold `Shared`), not before, so no
@@ -181,13 +191,6 @@ pub struct ReceivePipeline {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn split_parent<'a>(comps: &'a [&'a str]) -> (&'a [&'a str], &'a str) {
-    let (name, parent) = comps
-        .split_last()
-        .expect("validated paths have a component");
-    (parent, name)
 }
 
 impl ReceivePipeline {
@@ -255,8 +258,7 @@ impl ReceivePipeline {
                     dirs.push((path.clone(), e.clone()));
                     return Ok(None);
                 }
-                let (parent, name) = split_parent(&comps);
-                let dir = root.open_dir(parent, true, &path)?;
+                let (dir, name) = root.parent_of(&path, true)?;
                 if let (Some(c), Some(set)) = (claimant, claims.as_mut()) {
                     let key = ClaimKey {
                         dir: dir
@@ -344,6 +346,8 @@ impl ReceivePipeline {
             parked: AtomicUsize::new(0),
             open_files: AtomicUsize::new(0),
             open_files_peak: AtomicUsize::new(0),
+            open_per_writer: (MAX_OPEN_FILES / nworkers).max(WRITE_DEPTH + 1),
+            finish_queue: (FINISH_QUEUE / nworkers).max(2),
             direct: opts.direct,
             _claims: claims,
         });
@@ -394,7 +398,7 @@ impl ReceivePipeline {
     }
 
     /// The most files this session's writers held open at once
-    /// ([`MAX_OPEN_FILES`] per writer).
+    /// ([`MAX_OPEN_FILES`] among them).
     #[cfg(test)]
     pub(super) fn open_files_peak(&self) -> usize {
         self.shared.open_files_peak.load(Ordering::Relaxed)
@@ -829,8 +833,9 @@ struct Open {
     parked: usize,
     end: Option<u64>,
     saved: u64,
-    /// Writes in flight: only a file without any is closed for room.
-    in_flight: usize,
+    /// Chunks with writes in flight: only a file without any is closed
+    /// for room.
+    writing: Vec<u64>,
     /// Its stamp in its worker's least-recently-used order.
     used: u64,
 }
@@ -912,12 +917,8 @@ fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
     }
 }
 
-/// Queue depth between a writer and its finisher: files waiting to be
-/// synced and renamed hold a descriptor each, no buffers.
-const FINISH_QUEUE: usize = 64;
-
 fn write_worker(queue: Arc<WorkQueue>, io: IoQueue<WriteTag>, sh: Arc<Shared>) {
-    let (fin_tx, fin_rx) = sync_channel::<Finish>(FINISH_QUEUE);
+    let (fin_tx, fin_rx) = sync_channel::<Finish>(sh.finish_queue);
     let fin = {
         let sh = sh.clone();
         std::thread::Builder::new()
@@ -1026,10 +1027,41 @@ impl Worker<'_> {
             self.closed.insert(id);
             return;
         }
-        // A hole or an end only changes the digest: a file closed for room
-        // is opened again for it only if it completes ([`Self::progressed`]),
-        // so 32-byte frames cannot make it reopen files one after another.
-        let writes = matches!(work, Work::Data { .. }) || !self.open.contains_key(&id);
+        // Chunks this frame covers, beyond a resumed prefix.
+        let chunks = match &work {
+            Work::Data { offset, .. } if *offset >= x.from => {
+                Some((offset / CHUNK_SIZE, offset / CHUNK_SIZE + 1))
+            }
+            Work::Hole { offset, len, .. } => Some((
+                (offset / CHUNK_SIZE).max(x.from / CHUNK_SIZE),
+                chunk_count(offset + len),
+            )),
+            _ => None,
+        };
+        // A chunk sent twice, or data where a hole was (or the reverse),
+        // would leave other bytes on disk than the digest vouches for.
+        if let (Some((first, end)), Some(o)) = (chunks, self.open.get(&id)) {
+            if o.digest.holds_any(first, end)
+                || o.writing.iter().any(|&i| (first..end).contains(&i))
+            {
+                if let Work::Data { buf, .. } = work {
+                    sh.pool.put(buf);
+                }
+                self.close(id);
+                let e = format!(
+                    "{}: the sender sent chunk {first} again (or data where it sent a hole)",
+                    x.path
+                );
+                fail(sh, x, "protocol", e);
+                self.closed.insert(id);
+                return;
+            }
+        }
+        // Only a write needs the file open: holes, ends and a resumed
+        // prefix only change the digest, so a file closed for room is
+        // opened again for them only if it completes ([`Self::progressed`]).
+        let writes = matches!(work, Work::Data { offset, .. } if offset >= x.from)
+            || !self.open.contains_key(&id);
         if let Err(e) = if writes {
             self.ensure_open(id, x)
         } else {
@@ -1063,7 +1095,7 @@ impl Worker<'_> {
                         _ => fds.file.clone(),
                     };
                     let len = buf.len();
-                    o.in_flight += 1;
+                    o.writing.push(offset / CHUNK_SIZE);
                     self.io.submit(Op {
                         file: target,
                         offset,
@@ -1095,7 +1127,7 @@ impl Worker<'_> {
     /// Makes file `id` hold its descriptors, most recently used: opens it
     /// (the first frame) or reopens it (closed for room), closing the least
     /// recently used file without writes in flight when this worker holds
-    /// [`MAX_OPEN_FILES`].
+    /// its share of [`MAX_OPEN_FILES`].
     fn ensure_open(&mut self, id: u32, x: &Expect) -> Result<(), DiskError> {
         let holds = self.open.get(&id).map(|o| o.fds.is_some());
         if holds != Some(true) {
@@ -1118,14 +1150,14 @@ impl Worker<'_> {
         Ok(())
     }
 
-    /// Below [`MAX_OPEN_FILES`]: closes the least recently used files that
+    /// Below its share of [`MAX_OPEN_FILES`]: closes the least recently used files that
     /// have no write in flight (at most the queue depth are skipped).
     fn make_room(&mut self) {
-        while self.lru.len() >= MAX_OPEN_FILES {
+        while self.lru.len() >= self.sh.open_per_writer {
             let Some((&stamp, &id)) = self
                 .lru
                 .iter()
-                .find(|(_, id)| self.open.get(id).is_some_and(|o| o.in_flight == 0))
+                .find(|(_, id)| self.open.get(id).is_some_and(|o| o.writing.is_empty()))
             else {
                 return;
             };
@@ -1158,7 +1190,8 @@ impl Worker<'_> {
         let len = d.buf.len() as u64;
         sh.pool.put(d.buf);
         if let Some(o) = self.open.get_mut(&t.file) {
-            o.in_flight -= 1;
+            let index = t.offset / CHUNK_SIZE;
+            o.writing.retain(|&i| i != index);
         }
         if self.closed.contains(&t.file) {
             return;
@@ -1231,7 +1264,7 @@ fn fail(sh: &Shared, x: &Expect, code: &str, error: String) {
 fn save(sh: &Shared, fin: &SyncSender<Finish>, o: &Open, x: &Expect) {
     let dir = match &o.fds {
         Some(fds) => fds.dir.clone(),
-        None => match sh.root.parent_of(&x.path) {
+        None => match sh.root.parent_of(&x.path, false) {
             Ok((d, _)) => Arc::new(d),
             Err(_) => return,
         },
@@ -1294,7 +1327,7 @@ fn reopen(sh: &Shared, x: &Expect, seen: (u64, i64, i64)) -> Result<Handles, Dis
              had it closed (partial data kept)",
         ),
     };
-    let (dir, name) = sh.root.parent_of(&x.path)?;
+    let (dir, name) = sh.root.parent_of(&x.path, false)?;
     let part = partial::part_name(name);
     let file = match dir.open_file(&part, libc::O_RDWR, 0) {
         Ok(f) => f,
@@ -1323,9 +1356,7 @@ static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
 
 fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
     let io = |e: io::Error| DiskError::from_io(x.path.clone(), e);
-    let comps = safepath::components(&x.path)?;
-    let (parent, name) = split_parent(&comps);
-    let dir = sh.root.open_dir(parent, true, &x.path)?;
+    let (dir, name) = sh.root.parent_of(&x.path, true)?;
     let part = partial::part_name(name);
     let size = x.entry.size;
     let file = dir
@@ -1377,7 +1408,7 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
         parked: 0,
         end: None,
         saved: x.from,
-        in_flight: 0,
+        writing: Vec::new(),
         used: 0,
     })
 }
