@@ -277,7 +277,6 @@ pub const MIN_TAKEN_IN: u64 = 64 << 10;
 struct WhileTakenIn<'a> {
     socket: &'a TcpStream,
     patience: Duration,
-    started: Instant,
     /// (when, bytes taken in by then), oldest first, reaching back just
     /// past `patience`.
     samples: std::collections::VecDeque<(Instant, u64)>,
@@ -292,7 +291,6 @@ impl<'a> WhileTakenIn<'a> {
         WhileTakenIn {
             socket,
             patience,
-            started: now,
             samples: [(now, 0)].into(),
             acked_at_start: sockopt::bytes_acked(socket),
             written: 0,
@@ -322,9 +320,8 @@ impl<'a> WhileTakenIn<'a> {
             self.samples.pop_front();
         }
         let (t0, base) = self.samples[0];
-        now.duration_since(self.started) >= self.patience
-            && now.duration_since(t0) >= self.patience
-            && taken - base < MIN_TAKEN_IN
+        // The baseline is the start until `patience` has passed.
+        now.duration_since(t0) >= self.patience && taken - base < MIN_TAKEN_IN
     }
 }
 

@@ -744,9 +744,9 @@ fn sixty_four_streams_with_sparse_and_many_chunk_files_round_trip() {
     fs::remove_dir_all(&base).unwrap();
 }
 
-/// A manifest of `n` sparse files `f0`.. of one chunk and one byte each.
-fn two_chunk_files(n: usize) -> super::wire::Manifest {
-    let mut m = manifest_of("f0", CHUNK_SIZE + 1, true);
+/// A manifest of `n` files `f0`.. of `size` bytes each.
+fn files_manifest(n: usize, size: u64, sparse: bool) -> super::wire::Manifest {
+    let mut m = manifest_of("f0", size, sparse);
     let first = m.entries[0].clone();
     m.entries = (0..n)
         .map(|i| super::wire::ManifestEntry {
@@ -756,6 +756,11 @@ fn two_chunk_files(n: usize) -> super::wire::Manifest {
         })
         .collect();
     m
+}
+
+/// A manifest of `n` sparse files `f0`.. of one chunk and one byte each.
+fn two_chunk_files(n: usize) -> super::wire::Manifest {
+    files_manifest(n, CHUNK_SIZE + 1, true)
 }
 
 /// Writes what a sender of [`two_chunk_files`] sends for file `i` in one of
@@ -855,16 +860,7 @@ fn a_chunk_sent_twice_fails_its_file() {
     let base = tmp("twice");
     let root = base.join("root");
     fs::create_dir_all(&root).unwrap();
-    let mut manifest = manifest_of("f0", 1, false);
-    let first = manifest.entries[0].clone();
-    manifest.entries = (0..3)
-        .map(|i| super::wire::ManifestEntry {
-            id: i,
-            path: format!("f{i}"),
-            sparse: i == 1,
-            ..first.clone()
-        })
-        .collect();
+    let manifest = files_manifest(3, 1, false);
     let opts = DiskOptions::default();
     let (rx, plan) = ReceivePipeline::prepare(&root, &manifest, &opts, None).unwrap();
     assert!(plan.refused.is_empty(), "{plan:?}");

@@ -825,8 +825,9 @@ struct Open {
     name: String,
     /// `None` while closed for room.
     fds: Option<Handles>,
-    /// The temporary file as last seen open (inode, ctime): a reopened
-    /// one must be the same file, unchanged since.
+    /// The temporary file as it was when closed for room (inode, ctime;
+    /// set by [`release`]): a reopened one must be the same file,
+    /// unchanged since.
     seen: (u64, i64, i64),
     digest: OrderedDigest,
     /// Its digest's parked blocks, as counted into [`Shared::parked`].
@@ -1171,7 +1172,7 @@ impl Worker<'_> {
     /// Stops writing file `id`: its parked blocks and descriptors no
     /// longer count.
     fn close(&mut self, id: u32) -> Option<Open> {
-        let mut o = self.open.remove(&id)?;
+        let o = self.open.remove(&id)?;
         self.sh.parked.fetch_sub(o.parked, Ordering::Relaxed);
         if o.fds.is_some() {
             self.lru.remove(&o.used);
@@ -1179,7 +1180,6 @@ impl Worker<'_> {
         }
         // Its descriptors stay with the returned file (a save or the
         // finisher may need them); it just no longer counts.
-        o.used = 0;
         Some(o)
     }
 
@@ -1395,7 +1395,6 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
     } else {
         None
     };
-    let ino = file.metadata().map_err(io)?.ino();
     Ok(Open {
         name: name.to_string(),
         fds: Some(Handles {
@@ -1403,7 +1402,7 @@ fn open_part(sh: &Shared, x: &Expect) -> Result<Open, DiskError> {
             file: Arc::new(file),
             direct: direct.map(Arc::new),
         }),
-        seen: (ino, 0, 0),
+        seen: (0, 0, 0),
         digest,
         parked: 0,
         end: None,
