@@ -50,44 +50,104 @@ pub fn chunk_count(size: u64) -> u64 {
     size.div_ceil(CHUNK_SIZE)
 }
 
+/// Runs of equal chunk hashes a [`FileDigest`] keeps as they are before it
+/// folds them into an xxh3 state.
+const FEW_RUNS: usize = 4;
+
 /// Folds chunk hashes, in file order, into the file checksum.
+///
+/// A receiver holds one per file in progress, and a sender may put a
+/// million files in progress with one frame each. So the first
+/// [`FEW_RUNS`] runs of equal hashes (a hole is one run, however long) are
+/// kept inline, 72 bytes, and only a file with more runs (a sender sent
+/// it at least two chunks of data) gets a boxed xxh3 state of about 600
+/// bytes. The checksum is the same: xxh3 over the hashes' bytes, however
+/// they are split.
 #[derive(Clone)]
 pub struct FileDigest {
-    hasher: Xxh3,
+    state: Fold,
+}
+
+#[derive(Clone)]
+enum Fold {
+    /// (hash, how many times), in file order.
+    Runs {
+        runs: [(u64, u64); FEW_RUNS],
+        len: u8,
+    },
+    Streaming(Box<Xxh3>),
 }
 
 impl Default for FileDigest {
     fn default() -> Self {
         FileDigest {
-            hasher: Xxh3::new(),
+            state: Fold::Runs {
+                runs: [(0, 0); FEW_RUNS],
+                len: 0,
+            },
         }
     }
 }
 
 impl FileDigest {
     pub fn push(&mut self, chunk_hash: u64) {
-        self.hasher.update(&chunk_hash.to_le_bytes());
+        self.push_repeated(chunk_hash, 1);
     }
 
-    /// `push(chunk_hash)` `n` times, in a few large updates: a hole of 2^30
-    /// chunks costs the time xxh3 takes over 8 GiB, not 2^30 calls. The
-    /// digest is the same (xxh3 streams bytes, however they are split).
+    /// `push(chunk_hash)` `n` times.
     pub fn push_repeated(&mut self, chunk_hash: u64, n: u64) {
-        const BATCH: usize = 512;
-        let mut batch = [0u8; 8 * BATCH];
-        for b in batch.chunks_exact_mut(8) {
-            b.copy_from_slice(&chunk_hash.to_le_bytes());
+        if n == 0 {
+            return;
         }
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(BATCH as u64);
-            self.hasher.update(&batch[..8 * k as usize]);
-            left -= k;
+        if let Fold::Runs { runs, len } = &mut self.state {
+            let kept = *len as usize;
+            if kept > 0 && runs[kept - 1].0 == chunk_hash {
+                runs[kept - 1].1 += n;
+                return;
+            }
+            if kept < FEW_RUNS {
+                runs[kept] = (chunk_hash, n);
+                *len += 1;
+                return;
+            }
+            let mut hasher = Box::new(Xxh3::new());
+            for &(hash, n) in &runs[..kept] {
+                fold(&mut hasher, hash, n);
+            }
+            self.state = Fold::Streaming(hasher);
+        }
+        if let Fold::Streaming(hasher) = &mut self.state {
+            fold(hasher, chunk_hash, n);
         }
     }
 
     pub fn finish(&self) -> u64 {
-        self.hasher.digest()
+        match &self.state {
+            Fold::Runs { runs, len } => {
+                let mut hasher = Xxh3::new();
+                for &(hash, n) in &runs[..*len as usize] {
+                    fold(&mut hasher, hash, n);
+                }
+                hasher.digest()
+            }
+            Fold::Streaming(hasher) => hasher.digest(),
+        }
+    }
+}
+
+/// Feeds `hash` `n` times into `hasher` in a few large updates: a hole of
+/// 2^30 chunks costs the time xxh3 takes over 8 GiB, not 2^30 calls.
+fn fold(hasher: &mut Xxh3, hash: u64, n: u64) {
+    const BATCH: usize = 512;
+    let mut batch = [0u8; 8 * BATCH];
+    for b in batch.chunks_exact_mut(8) {
+        b.copy_from_slice(&hash.to_le_bytes());
+    }
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(BATCH as u64);
+        hasher.update(&batch[..8 * k as usize]);
+        left -= k;
     }
 }
 
@@ -378,11 +438,56 @@ mod tests {
         let mut d = OrderedDigest::new(size);
         d.zeros(0, chunk_count(size));
         assert!(d.complete());
+        d.finish();
         assert!(
             t.elapsed() < std::time::Duration::from_secs(20),
             "{:?}",
             t.elapsed()
         );
+    }
+
+    /// Hash sequences with every number of runs around the inline limit,
+    /// pushed one by one and in runs: the checksum is xxh3 over their
+    /// bytes whether the digest kept them inline or folded them, and only
+    /// a digest past the limit holds a boxed state.
+    #[test]
+    fn inline_runs_and_the_folded_state_give_one_checksum() {
+        assert!(std::mem::size_of::<FileDigest>() <= 80);
+        for runs in 0..=FEW_RUNS + 3 {
+            // Run r: hash 1000 + r, r + 1 times (hash 7 twice in a row at
+            // the end merges into one run: it is not a new one).
+            let mut hashes: Vec<u64> = (0..runs)
+                .flat_map(|r| std::iter::repeat_n(1000 + r as u64, r + 1))
+                .collect();
+            hashes.extend([7, 7]);
+            let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let want = xxh3_64(&bytes);
+            let mut one_by_one = FileDigest::default();
+            for &h in &hashes {
+                one_by_one.push(h);
+            }
+            let mut in_runs = FileDigest::default();
+            for r in 0..runs {
+                in_runs.push_repeated(1000 + r as u64, r as u64 + 1);
+            }
+            in_runs.push_repeated(7, 0);
+            in_runs.push_repeated(7, 2);
+            for d in [&one_by_one, &in_runs] {
+                assert_eq!(d.finish(), want, "{runs} runs");
+                assert_eq!(
+                    matches!(d.state, Fold::Streaming(_)),
+                    runs + 1 > FEW_RUNS,
+                    "{runs} runs"
+                );
+            }
+            // A copy goes on from where the original was.
+            let mut copy = in_runs.clone();
+            copy.push(9);
+            let mut more = bytes.clone();
+            more.extend(9u64.to_le_bytes());
+            assert_eq!(copy.finish(), xxh3_64(&more), "{runs} runs");
+            assert_eq!(in_runs.finish(), want);
+        }
     }
 
     #[test]
