@@ -1,6 +1,8 @@
 """ansible/campaign.yml's checks of a campaign's runs refuse what cannot run,
 before any host is touched: here runs with `protocol: iperf3` (issue 22)
-that are not memory-to-memory sends, or whose receiver has no iperf3 port.
+that are not memory-to-memory sends, or whose receiver has no iperf3 port,
+and disk runs whose `dest` (which the campaign removes on the receiver
+afterwards) is not a plain path under the receiver's root.
 The playbook runs for real on this machine against an inventory of two
 transfer hosts it never has to reach (the checks run on the controller).
 """
@@ -20,7 +22,7 @@ SSH = {"ansible_connection": "ssh"}
 VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
 
 
-def run_campaign(tmp_path, runs, receiver_vars=None):
+def run_campaign(tmp_path, runs, receiver_vars=None, name="bad"):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
@@ -47,7 +49,7 @@ def run_campaign(tmp_path, runs, receiver_vars=None):
     )
     campaign = tmp_path / "bad.yml"
     campaign.write_text(
-        yaml.safe_dump({"campaign_name": "bad", "campaign_description": "x", "campaign_runs": runs})
+        yaml.safe_dump({"campaign_name": name, "campaign_description": "x", "campaign_runs": runs})
     )
     env = dict(os.environ)
     env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
@@ -145,3 +147,49 @@ def test_campaign_passes_a_valid_iperf3_run_on_to_the_hosts(tmp_path):
     assert done.returncode != 0, out[-3000:]
     assert "Start the receivers' engine" in out and "UNREACHABLE" in out, out[-3000:]
     assert (tmp_path / "results" / "bad").is_dir(), out[-3000:]
+
+
+DISK_RUN = {"name": "d", "sender": "xfer-a", "receiver": "xfer-b", "mode": "disk", "paths": ["/srv/x"]}
+
+
+# The cleanup after a disk run removes <longhaul_engine_root>/<dest> on the
+# receiver, whatever the run did: "" was the whole root, ".." its parent,
+# "x/../../../etc" /etc.
+@pytest.mark.parametrize(
+    "dest, name",
+    [
+        pytest.param("", "bad", id="empty"),
+        pytest.param(".", "bad", id="dot"),
+        pytest.param("..", "bad", id="dot-dot"),
+        pytest.param("../..", "bad", id="up-twice"),
+        pytest.param("x/../../../etc", "bad", id="through-a-name"),
+        pytest.param("/etc", "bad", id="absolute"),
+        pytest.param("a//b", "bad", id="empty-name"),
+        pytest.param("a/", "bad", id="trailing-slash"),
+        pytest.param(7, "bad", id="not-a-string"),
+        pytest.param(None, "..", id="campaign-name-as-default"),
+    ],
+)
+def test_campaign_refuses_a_disk_dest_outside_the_root(tmp_path, dest, name):
+    run = dict(DISK_RUN) if dest is None else {**DISK_RUN, "dest": dest}
+    done = run_campaign(tmp_path, [run], name=name)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    task = "Check the campaign's name" if dest is None else "Check the disk runs' destinations"
+    assert task in out and "failed" in out.lower(), out[-3000:]
+    assert "letters, digits" in out, out[-3000:]
+    assert not (tmp_path / "results").exists(), out[-3000:]
+
+
+def test_campaign_passes_plain_disk_dests_on_to_the_hosts(tmp_path):
+    # The control: nested names with dots, and the campaign name as the
+    # default, pass; the playbook goes on to the receivers (unreachable).
+    done = run_campaign(
+        tmp_path,
+        [{**DISK_RUN, "dest": "runs/2026-11.27_a"}, {**DISK_RUN, "name": "e"}],
+        name="disk-ok_1",
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert "Start the receivers' engine" in out and "UNREACHABLE" in out, out[-3000:]
+    assert (tmp_path / "results" / "disk-ok_1").is_dir(), out[-3000:]
