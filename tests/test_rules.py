@@ -308,6 +308,32 @@ def test_the_role_refuses_a_name_no_rule_uses(tmp_path, overrides, says):
     assert re.search(says, output), output[-3000:]
 
 
+LONGHAUL_JOB = {"job": "longhaul", "group": "transfer_hosts", "port": 9743}
+
+
+@pytest.mark.parametrize(
+    "overrides, passes",
+    [
+        ({"prometheus_global": {"scrape_interval": "1m"}}, False),
+        ({"prometheus_global": {"scrape_interval": "21s"}}, False),
+        ({"prometheus_global": {"evaluation_interval": "15s"}}, False),  # Prometheus's default: 1m
+        ({"prometheus_global": {"scrape_interval": "1m"}, "prometheus_scrape_groups": [{**LONGHAUL_JOB, "scrape_interval": "10s"}]}, True),
+        ({"prometheus_scrape_groups": [{**LONGHAUL_JOB, "scrape_interval": "1m30s"}]}, False),
+        ({"prometheus_global": {"scrape_interval": "20s"}}, True),
+        ({"prometheus_global": {"scrape_interval": "1m"}, "prometheus_scrape_groups": []}, True),
+    ],
+    ids=["global-1m", "global-21s", "global-unset", "job-10s-under-1m", "job-1m30s", "global-20s", "no-longhaul-job"],
+)
+def test_the_role_refuses_a_scrape_too_slow_for_the_rules(tmp_path, overrides, passes):
+    """At a 60 s scrape interval every 1-minute rate the rules record was
+    empty, so no drop or stall alert could fire, and nothing said so."""
+    overrides.setdefault("prometheus_scrape_groups", [LONGHAUL_JOB])
+    passed, output, _ = role_preflight(tmp_path, **overrides)
+    assert passed == passes, output[-3000:]
+    if not passes:
+        assert "set scrape_interval to 20s or less" in output, output[-3000:]
+
+
 def test_a_threshold_a_sites_rule_uses_needs_a_value(tmp_path):
     """A site's own rule directory whose alert compares with a threshold the
     role has no value for is refused until the site gives it one."""
