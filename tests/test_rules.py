@@ -334,6 +334,55 @@ def test_the_role_refuses_a_scrape_too_slow_for_the_rules(tmp_path, overrides, p
         assert "set scrape_interval to 20s or less" in output, output[-3000:]
 
 
+@pytest.mark.parametrize(
+    "overrides, rules, alertmanager_group",
+    [
+        ({}, True, "monitoring"),
+        ({"prometheus_remote_write_receiver": True}, False, ""),
+        ({"prometheus_federate_targets": ["mon-a:9090"]}, False, ""),
+        (
+            {"prometheus_remote_write_receiver": True, "prometheus_rules_src": str(RULES),
+             "prometheus_alertmanager_group": "monitoring"},
+            True,
+            "monitoring",
+        ),
+    ],
+    ids=["site", "receiver", "federation", "receiver-that-asks-for-rules"],
+)
+def test_a_central_prometheus_runs_no_rules_and_no_alertmanager_by_default(
+    tmp_path, overrides, rules, alertmanager_group
+):
+    """A central Prometheus set up as the example said (the receiver flag,
+    no scrape groups) got every rule file: the sites' remote-written
+    longhaul:threshold:* series and its own made every threshold join fail
+    ("many-to-many matching not allowed"), and it alerted on every site
+    again."""
+    out = tmp_path / "chosen.json"
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "prometheus", "tasks_from": "preflight.yml", "public": True}},
+        {
+            "ansible.builtin.copy": {
+                "content": "{{ {'rules': _prometheus_rule_sources, 'group': prometheus_alertmanager_group} | to_json }}",
+                "dest": str(out),
+                "mode": "0644",
+            }
+        },
+    ]
+    done = run_local_playbook(
+        tmp_path,
+        tasks,
+        # role_path: what the role's default resolves against in the role's
+        # own tasks (undefined in the copy task that reads it here).
+        {"prometheus_scrape_groups": [], "role_path": str(ROLE), **overrides},
+        gather_facts=True,
+        env={"ANSIBLE_ROLES_PATH": str(ROLE.parent)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    chosen = json.loads(out.read_text())
+    assert ("longhaul-alerts.yml" in chosen["rules"]) == rules, chosen
+    assert chosen["group"] == alertmanager_group, chosen
+
+
 def test_a_threshold_a_sites_rule_uses_needs_a_value(tmp_path):
     """A site's own rule directory whose alert compares with a threshold the
     role has no value for is refused until the site gives it one."""
