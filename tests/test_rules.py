@@ -409,3 +409,33 @@ def test_a_threshold_a_sites_rule_uses_needs_a_value(tmp_path):
     )
     assert passed, output[-3000:]
     assert thresholds["max_sessions"] == "vector(40)" and thresholds["retransmit_ratio"] == "vector(0.01)"
+
+
+@pytest.mark.parametrize("port_vars, port", [({}, 3000), ({"grafana_http_port": 3300}, 3300)])
+def test_alert_links_follow_grafanas_port(tmp_path, port_vars, port):
+    """The dashboard links in alerts named port 3000 even where the inventory
+    moved Grafana (grafana_http_port): every notification linked nowhere."""
+    out = tmp_path / "longhaul-alerts.yml"
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "prometheus", "tasks_from": "preflight.yml", "public": True}},
+        {
+            "ansible.builtin.template": {"src": str(ROLE / "templates" / "rules.yml.j2"), "dest": str(out), "mode": "0644"},
+            "vars": {"item": "longhaul-alerts.yml"},
+        },
+    ]
+    done = run_local_playbook(
+        tmp_path,
+        tasks,
+        {"prometheus_scrape_groups": [], "role_path": str(ROLE), **port_vars},
+        gather_facts=True,
+        env={"ANSIBLE_ROLES_PATH": str(ROLE.parent)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    links = [
+        r["annotations"]["dashboard"]
+        for g in yaml.safe_load(out.read_text())["groups"]
+        for r in g["rules"]
+        if "dashboard" in r.get("annotations", {})
+    ]
+    assert links, out.read_text()[:2000]
+    assert all(link.startswith("http://localhost:%d/d/" % port) for link in links), links
