@@ -18,6 +18,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 
@@ -211,4 +213,26 @@ def wait_until(predicate, timeout, what, interval=0.5):
         time.sleep(interval)
     raise AssertionError(
         "timed out after %.0f s waiting for %s (last error: %s)" % (timeout, what, last_error)
+    )
+
+
+def run_local_playbook(tmp_path, tasks, overrides, gather_facts=False, env=None):
+    """`tasks` as a playbook on localhost with `overrides` as extra vars, as
+    the role's users run it: the finished ansible-playbook."""
+    play = {"hosts": "localhost", "connection": "local", "gather_facts": gather_facts, "tasks": tasks}
+    if gather_facts:
+        play["gather_subset"] = ["min"]
+    playbook = tmp_path / "playbook.yml"
+    playbook.write_text(yaml.safe_dump([play]))
+    return subprocess.run(
+        [shutil.which("ansible-playbook") or "ansible-playbook", "--extra-vars", json.dumps(overrides), str(playbook)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "ANSIBLE_LOCALHOST_WARNING": "false",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+            **(env or {}),
+        },
     )

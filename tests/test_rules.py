@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_local_playbook
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "rules"
@@ -140,28 +141,6 @@ def test_case_against_the_current_and_the_previous_rule(case, tmp_path, previous
 # --- rule files the prometheus role renders from its variables ----------------
 
 ROLE = REPO / "roles" / "prometheus"
-
-
-def run_local_playbook(tmp_path, tasks, overrides, gather_facts=False, env=None):
-    """`tasks` as a playbook on localhost with `overrides` as extra vars, as
-    the role's users run it: the finished ansible-playbook."""
-    play = {"hosts": "localhost", "connection": "local", "gather_facts": gather_facts, "tasks": tasks}
-    if gather_facts:
-        play["gather_subset"] = ["min"]
-    playbook = tmp_path / "playbook.yml"
-    playbook.write_text(yaml.safe_dump([play]))
-    return subprocess.run(
-        [shutil.which("ansible-playbook") or "ansible-playbook", "--extra-vars", json.dumps(overrides), str(playbook)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "ANSIBLE_LOCALHOST_WARNING": "false",
-            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-            **(env or {}),
-        },
-    )
 
 
 def template_task(template, dest):

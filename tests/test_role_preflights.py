@@ -1,0 +1,98 @@
+"""The transfer hosts' roles refuse listen addresses their services cannot
+take before they touch a host: before, longhaul_engine took "0.0.0.0:99999"
+(it only asked for ADDR:DIGITS), `longhaul serve` then exited at start, and
+systemd, and so Ansible, called the service started. The preflights run
+here for real, on localhost, as the roles run them.
+"""
+
+from pathlib import Path
+
+import pytest
+from helpers import run_local_playbook
+
+REPO = Path(__file__).resolve().parent.parent
+ROLES = REPO / "roles"
+
+
+def preflight(tmp_path, role, **overrides):
+    tasks = [{"ansible.builtin.include_role": {"name": role, "tasks_from": "preflight.yml"}}]
+    done = run_local_playbook(
+        tmp_path, tasks, overrides, gather_facts=True, env={"ANSIBLE_ROLES_PATH": str(ROLES)}
+    )
+    return done.returncode == 0, done.stdout + done.stderr
+
+
+# What the engine's preflight needs besides the addresses (the binary is
+# this tree's dist/longhaul, which `make build` wrote).
+ENGINE = {"longhaul_engine_token": "t0ken"}
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ({"longhaul_engine_listen": "0.0.0.0:99999"}, "port 1-65535"),
+        ({"longhaul_engine_listen": "0.0.0.0:0"}, "port 1-65535"),
+        ({"longhaul_engine_stats_listen": "127.0.0.1"}, "port 1-65535"),
+        ({"longhaul_engine_stats_listen": ":7401"}, "port 1-65535"),
+        ({"longhaul_engine_listen": "[::1:7400"}, "port 1-65535"),
+        ({"longhaul_engine_iperf3_listen": "0.0.0.0:70000"}, "must be ADDR:PORT (port 1-65535)"),
+    ],
+    ids=["port-too-big", "port-0", "no-port", "no-address", "broken-brackets", "iperf3-port"],
+)
+def test_the_engine_role_refuses_an_address_serve_cannot_take(tmp_path, overrides, says):
+    passed, output = preflight(tmp_path, "longhaul_engine", **ENGINE, **overrides)
+    assert not passed, output[-3000:]
+    assert says in output, output[-3000:]
+
+
+def test_the_engine_role_takes_the_addresses_serve_takes(tmp_path):
+    passed, output = preflight(
+        tmp_path,
+        "longhaul_engine",
+        **ENGINE,
+        longhaul_engine_listen="[::]:7400",
+        longhaul_engine_stats_listen="127.0.0.1:65535",
+        longhaul_engine_iperf3_listen="",
+    )
+    assert passed, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"longhaul_exporter_web_listen_address": ":97430"},
+        {"longhaul_exporter_web_listen_address": "9743"},
+        {"longhaul_exporter_engine_url": "127.0.0.1:7401"},
+        {"longhaul_exporter_engine_url": "http://127.0.0.1:7401/v1 x"},
+    ],
+    ids=["port-too-big", "no-colon", "no-scheme", "garbage"],
+)
+def test_the_exporter_role_refuses_what_the_exporter_cannot_take(tmp_path, overrides):
+    passed, output = preflight(tmp_path, "longhaul_exporter", **overrides)
+    assert not passed, output[-3000:]
+    assert "longhaul_exporter_web_listen_address must be [ADDR]:PORT" in output, output[-3000:]
+
+
+def test_the_exporter_reads_the_engine_where_the_inventory_put_it(tmp_path):
+    # The engine's stats API moved (longhaul_engine_stats_listen): the
+    # exporter follows it, a wildcard address reached on loopback; before,
+    # it kept reading 127.0.0.1:7401 and saw no engine.
+    out = tmp_path / "url"
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "longhaul_exporter", "tasks_from": "preflight.yml", "public": True}},
+        {"ansible.builtin.copy": {"content": "{{ longhaul_exporter_engine_url }}", "dest": str(out), "mode": "0644"}},
+    ]
+    for stats, url in [
+        ("0.0.0.0:7411", "http://127.0.0.1:7411"),
+        ("192.0.2.7:7401", "http://192.0.2.7:7401"),
+        ("[::]:7401", "http://[::1]:7401"),
+    ]:
+        done = run_local_playbook(
+            tmp_path,
+            tasks,
+            {"longhaul_engine_stats_listen": stats, "role_path": str(ROLES / "longhaul_exporter")},
+            gather_facts=True,
+            env={"ANSIBLE_ROLES_PATH": str(ROLES)},
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert out.read_text() == url, (stats, out.read_text())
