@@ -34,9 +34,31 @@ pub fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Drops sessions that ended more than [`FINISHED_RETENTION`] ago.
+/// How many ended sessions the snapshot keeps at most, the latest to end:
+/// a stranger may start and drop iperf3 tests (no token there) hundreds a
+/// second, and each one kept for [`FINISHED_RETENTION`] used to cost every
+/// scrape a session, and Prometheus its series (15,000 in 20 s). Honest
+/// runs end far fewer a minute; their counts stay in `sessions_total` and
+/// `sessions_failed_total` either way.
+pub const MAX_ENDED_KEPT: usize = 128;
+
+/// Drops sessions that ended more than [`FINISHED_RETENTION`] ago, and the
+/// earliest to end past [`MAX_ENDED_KEPT`]. Running sessions stay.
 fn prune(sessions: &mut Vec<Arc<SessionEntry>>) {
-    sessions.retain(|e| !matches!(e.lock().ended, Some(t) if t.elapsed() >= FINISHED_RETENTION));
+    let mut ended = Vec::new();
+    sessions.retain(|e| match e.lock().ended {
+        Some(t) if t.elapsed() >= FINISHED_RETENTION => false,
+        Some(t) => {
+            ended.push(t);
+            true
+        }
+        None => true,
+    });
+    if ended.len() > MAX_ENDED_KEPT {
+        ended.sort_unstable();
+        let keep_from = ended[ended.len() - MAX_ENDED_KEPT];
+        sessions.retain(|e| !matches!(e.lock().ended, Some(t) if t < keep_from));
+    }
 }
 
 /// A stream without a TCP socket (an iperf3 UDP stream): its live
@@ -226,13 +248,21 @@ fn api_direction(role: Role) -> api::Direction {
 
 /// All sessions of one server.
 #[derive(Debug)]
+/// A listening port of the engine, as the stats API lists it.
+struct Listening {
+    name: &'static str,
+    address: Option<std::net::SocketAddr>,
+    counters: Arc<longhaul_admission::Counters>,
+}
+
 pub struct Registry {
     started_unix: f64,
     sessions: Mutex<Vec<Arc<SessionEntry>>>,
     total: AtomicU64,
     failed: AtomicU64,
-    /// The listening ports' admission counters, by listener name.
-    admission: Mutex<Vec<(&'static str, Arc<longhaul_admission::Counters>)>>,
+    /// The listening ports' admission counters, by listener name, with the
+    /// port's address.
+    admission: Mutex<Vec<Listening>>,
 }
 
 impl Default for Registry {
@@ -253,16 +283,21 @@ impl Registry {
     }
 
     /// Publishes a listening port's admission counters on the stats API
-    /// as `listener`.
+    /// as `listener`, with the address it listens on.
     pub fn watch_admission(
         &self,
         listener: &'static str,
+        address: Option<std::net::SocketAddr>,
         counters: Arc<longhaul_admission::Counters>,
     ) {
         self.admission
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((listener, counters));
+            .push(Listening {
+                name: listener,
+                address,
+                counters,
+            });
     }
 
     /// Registers a session in the handshake state; `peer` and `local` are
@@ -355,17 +390,54 @@ impl Registry {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .iter()
-                    .map(|(listener, c)| api::Admission {
-                        listener: listener.to_string(),
-                        accepted: c.accepted.load(Ordering::Relaxed),
-                        admitted: c.admitted.load(Ordering::Relaxed),
-                        evicted: c.evicted.load(Ordering::Relaxed),
-                        expired: c.expired.load(Ordering::Relaxed),
-                        garbage: c.garbage.load(Ordering::Relaxed),
+                    .map(|l| api::Admission {
+                        listener: l.name.to_string(),
+                        address: l.address.map(|a| a.to_string()),
+                        accepted: l.counters.accepted.load(Ordering::Relaxed),
+                        admitted: l.counters.admitted.load(Ordering::Relaxed),
+                        evicted: l.counters.evicted.load(Ordering::Relaxed),
+                        expired: l.counters.expired.load(Ordering::Relaxed),
+                        garbage: l.counters.garbage.load(Ordering::Relaxed),
                     })
                     .collect(),
             },
             sessions: sessions.iter().map(|e| e.to_api()).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flood of sessions that end at once (iperf3 tests dropped after
+    /// their parameters) keeps only the latest MAX_ENDED_KEPT to end, all
+    /// running sessions, and every one in the totals.
+    #[test]
+    fn ended_sessions_are_kept_up_to_a_bound_the_latest_first() {
+        let r = Registry::new();
+        let running = r.add("running".into(), "p".into(), None);
+        let flood = 3 * MAX_ENDED_KEPT;
+        for i in 0..flood {
+            let e = r.add(format!("s{i}"), "p".into(), None);
+            r.finish(&e, i % 2 == 0);
+        }
+        let snap = r.snapshot();
+        assert_eq!(snap.engine.sessions_total, flood as u64 + 1);
+        assert_eq!(snap.engine.sessions_failed_total, flood as u64 / 2);
+        let ids: Vec<&str> = snap.sessions.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids.len(), MAX_ENDED_KEPT + 1, "{ids:?}");
+        assert!(ids.contains(&"running"), "{ids:?}");
+        let latest = format!("s{}", flood - 1);
+        let earliest_kept = format!("s{}", flood - MAX_ENDED_KEPT);
+        let dropped = format!("s{}", flood - MAX_ENDED_KEPT - 1);
+        assert!(
+            ids.contains(&latest.as_str()) && ids.contains(&earliest_kept.as_str()),
+            "{ids:?}"
+        );
+        assert!(!ids.contains(&dropped.as_str()), "{ids:?}");
+        // Below the bound nothing ended recently is dropped.
+        r.finish(&running, true);
+        assert_eq!(r.snapshot().sessions.len(), MAX_ENDED_KEPT);
     }
 }

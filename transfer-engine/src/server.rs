@@ -175,10 +175,11 @@ impl Server {
         let protocol = Arc::new(EngineProtocol {
             ctx: self.ctx.clone(),
         });
+        let address = self.listener.local_addr().ok();
         let lobby = Lobby::new(self.listener, protocol, settings);
         self.ctx
             .registry
-            .watch_admission(LISTENER_NAME, lobby.counters());
+            .watch_admission(LISTENER_NAME, address, lobby.counters());
         lobby
             .run()
             .map_err(|e| Error::io("accepting connections", e))

@@ -58,6 +58,11 @@ pub struct EngineInfo {
 pub struct Admission {
     /// "longhaul" (the control and data port) or "iperf3".
     pub listener: String,
+    /// The listening socket's address (`0.0.0.0:7400`): every socket on it
+    /// is the engine's, admitted yet or not (an engine from before this
+    /// field lists none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     pub accepted: u64,
     pub admitted: u64,
     /// Pushed out of a full pre-authentication pool by newer connections.

@@ -198,12 +198,13 @@ impl Iperf3Server {
             .spawn(move || udp.run(&|line| log(line)))
             .map_err(|e| Error::io("starting the iperf3 UDP port", e))?;
         let registry = self.ctx.registry.clone();
+        let address = self.listener.local_addr().ok();
         let lobby = Lobby::new(
             self.listener,
             Arc::new(Iperf3Protocol { ctx: self.ctx }),
             admission_settings(),
         );
-        registry.watch_admission(LISTENER_NAME, lobby.counters());
+        registry.watch_admission(LISTENER_NAME, address, lobby.counters());
         std::thread::Builder::new()
             .name("iperf3-admission".into())
             .spawn(move || {

@@ -78,11 +78,13 @@ impl EngineApi {
 }
 
 /// Every socket the engine lists (control and data connections of its
-/// sessions) as (this end, remote end). Engines older than the `local` /
-/// `peer` fields list none.
+/// sessions) as (this end, remote end), IPv4-mapped addresses as IPv4 (an
+/// engine on `[::]` lists `[::ffff:10.0.0.1]:7400`, sock_diag the same
+/// socket as `10.0.0.1:7400`). Engines older than the `local` / `peer`
+/// fields list none.
 pub fn connections(snap: &Snapshot) -> HashSet<(SocketAddr, SocketAddr)> {
     let pair = |local: &Option<String>, peer: Option<&str>| {
-        Some((local.as_deref()?.parse().ok()?, peer?.parse().ok()?))
+        Some((address(local.as_deref()?)?, address(peer?)?))
     };
     let mut found = HashSet::new();
     for s in &snap.sessions {
@@ -92,6 +94,24 @@ pub fn connections(snap: &Snapshot) -> HashSet<(SocketAddr, SocketAddr)> {
         }
     }
     found
+}
+
+/// The addresses the engine listens on (its control and data port, its
+/// iperf3 port): every socket whose own end is one of them is the
+/// engine's, listed in a session yet or not. Engines older than the
+/// `address` field list none.
+pub fn listening(snap: &Snapshot) -> Vec<SocketAddr> {
+    snap.engine
+        .admission
+        .iter()
+        .filter_map(|a| address(a.address.as_deref()?))
+        .collect()
+}
+
+/// `text` as a socket address, an IPv4-mapped IPv6 one as IPv4.
+fn address(text: &str) -> Option<SocketAddr> {
+    let a: SocketAddr = text.parse().ok()?;
+    Some(SocketAddr::new(a.ip().to_canonical(), a.port()))
 }
 
 pub struct EngineCollector {
@@ -427,6 +447,7 @@ mod tests {
         snap.engine.admission = vec![
             longhaul_stats_api::Admission {
                 listener: "longhaul".into(),
+                address: Some("0.0.0.0:7400".into()),
                 accepted: 40,
                 admitted: 3,
                 evicted: 20,
@@ -609,6 +630,14 @@ mod tests {
         assert_eq!(found.len(), 3);
         assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40000")));
         assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40002")));
+        // An engine on [::] lists IPv4 peers as mapped addresses
+        // (before, none of them matched the sockets sock_diag reports).
+        let mut mapped = snap.clone();
+        mapped.sessions[0].local = Some("[::ffff:10.0.0.1]:7400".into());
+        mapped.sessions[0].streams[1].peer = Some("[::ffff:10.0.0.2]:40009".into());
+        let found = connections(&mapped);
+        assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40000")));
+        assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40009")));
         // An older engine without addresses lists nothing, and garbage is skipped.
         snap.sessions[0].local = None;
         snap.sessions[0].streams[0].peer = Some("not an address".into());

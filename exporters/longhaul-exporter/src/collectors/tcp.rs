@@ -8,15 +8,20 @@
 //!
 //! longhaul's own sockets are left to the `engine` collector, which already
 //! reports every stream: while `engine` is enabled, this collector asks the
-//! engine's stats API for its sessions' connections (each session's control
-//! socket and each stream's socket, as this-end/remote-end addresses) and
-//! skips the sockets with those addresses, in either orientation, so on one
-//! host both ends of a loopback transfer are skipped. A socket once counted
-//! stays counted until it closes, so a counter never goes down; a socket once
-//! recognised as the engine's stays skipped while it lives, even if a later
-//! stats API request fails. Sockets of a `longhaul send` whose receiving
-//! engine runs on another host are not known to this host's engine: they
-//! are reported here, by that host's engine collector as the receiver's.
+//! engine's stats API for the addresses it listens on and its sessions'
+//! connections (each session's control socket and each stream's socket, as
+//! this-end/remote-end addresses). It skips every socket whose own end is a
+//! listening address of the engine (so a stream that attached before its
+//! session listed it, and a connection still waiting for admission, are
+//! the engine's from the start: the admission counters report those), and
+//! the sockets with a listed connection's addresses, in either orientation,
+//! so on one host both ends of a loopback transfer are skipped. A socket
+//! once counted stays counted until it closes, so a counter never goes
+//! down; a socket once recognised as the engine's stays skipped while it
+//! lives, and the listening addresses are remembered, even if a later stats
+//! API request fails. Sockets of a `longhaul send` whose receiving engine
+//! runs on another host are not known to this host's engine: they are
+//! reported here, by that host's engine collector as the receiver's.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -50,6 +55,7 @@ fn new(cfg: &Config) -> anyhow::Result<Box<dyn Collector>> {
         state: Mutex::new(State {
             book: FlowBook::new(cfg.max_flows),
             engine_sockets: HashSet::new(),
+            engine_listening: Vec::new(),
         }),
     }))
 }
@@ -66,6 +72,8 @@ struct State {
     book: FlowBook,
     /// Live sockets known to be the engine's.
     engine_sockets: HashSet<FlowKey>,
+    /// The addresses the engine listens on, as it last said.
+    engine_listening: Vec<SocketAddr>,
 }
 
 impl Collector for TcpCollector {
@@ -73,13 +81,12 @@ impl Collector for TcpCollector {
         let socks =
             sock_diag::tcp_sockets().map_err(|e| anyhow::anyhow!("sock_diag dump failed: {e}"))?;
         // No engine running is the normal state between campaigns.
-        let engine = self
-            .engine
-            .as_ref()
-            .and_then(|api| api.snapshot().ok())
-            .map(|snap| engine::connections(&snap))
-            .unwrap_or_default();
+        let snap = self.engine.as_ref().and_then(|api| api.snapshot().ok());
+        let engine = snap.as_ref().map(engine::connections).unwrap_or_default();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(snap) = &snap {
+            state.engine_listening = engine::listening(snap);
+        }
         let observed = classify(&socks, &self.ports, &engine, &mut state);
         state.book.update(observed, Instant::now());
         out.extend(state.book.families());
@@ -110,7 +117,11 @@ fn classify(
             remote: s.remote,
             inode: s.inode,
         };
-        let listed = engine.contains(&(s.local, s.remote)) || engine.contains(&(s.remote, s.local));
+        let listed = engine.contains(&(s.local, s.remote))
+            || engine.contains(&(s.remote, s.local))
+            || state.engine_listening.iter().any(|l| {
+                l.port() == s.local.port() && (l.ip().is_unspecified() || l.ip() == s.local.ip())
+            });
         if !state.book.knows(&flow) && (listed || state.engine_sockets.contains(&flow)) {
             engine_now.insert(flow);
             continue;
@@ -152,13 +163,18 @@ mod tests {
         }
     }
 
+    fn fresh_state(engine_listening: Vec<SocketAddr>) -> State {
+        State {
+            book: FlowBook::new(64),
+            engine_sockets: HashSet::new(),
+            engine_listening,
+        }
+    }
+
     #[test]
     fn engine_sockets_are_skipped_in_both_orientations_and_while_they_live() {
         let ports: PortRanges = "7400-7499,5201".parse().unwrap();
-        let mut state = State {
-            book: FlowBook::new(64),
-            engine_sockets: HashSet::new(),
-        };
+        let mut state = fresh_state(Vec::new());
         let socks = [
             // The engine's end and, on loopback, the sender's end of one stream.
             sock("127.0.0.1:7400", "127.0.0.1:50000", 1),
@@ -180,5 +196,37 @@ mod tests {
         // The stats API fails once: the known engine sockets stay skipped.
         let seen = classify(&socks, &ports, &HashSet::new(), &mut state);
         assert_eq!(seen.len(), 1, "{seen:?}");
+    }
+
+    /// A stream that attached before its session listed it (the server
+    /// lists a session's streams once all have attached), and a stranger
+    /// waiting for admission, sit on the engine's listening address: they
+    /// are the engine's from their first scrape. Before, such a socket was
+    /// counted here and stayed counted, every byte twice in the link
+    /// roll-ups. Another tool's socket on a watched port is still counted.
+    #[test]
+    fn sockets_on_the_engines_listening_addresses_are_the_engines() {
+        let ports: PortRanges = "7400-7499,5201".parse().unwrap();
+        let mut state = fresh_state(vec![
+            "0.0.0.0:7400".parse().unwrap(),
+            "10.0.0.1:5201".parse().unwrap(),
+        ]);
+        let socks = [
+            // Not listed in any session yet: on the wildcard listener.
+            sock("10.0.0.1:7400", "10.0.0.2:50000", 1),
+            sock("127.0.0.1:7400", "127.0.0.1:50001", 2),
+            // On the iperf3 listener's address, and on the same port of
+            // another address (some other process's iperf3 -s -B).
+            sock("10.0.0.1:5201", "10.0.0.9:41000", 3),
+            sock("10.0.0.3:5201", "10.0.0.9:41001", 4),
+            // A `longhaul send` of this host to a remote engine, and FDT.
+            sock("10.0.0.1:50002", "10.0.0.7:7400", 5),
+            sock("10.0.0.1:7450", "10.0.0.8:41002", 6),
+        ];
+        let seen = classify(&socks, &ports, &HashSet::new(), &mut state);
+        let mut counted: Vec<u32> = seen.iter().map(|o| o.flow.inode).collect();
+        counted.sort_unstable();
+        assert_eq!(counted, [4, 5, 6], "{seen:?}");
+        assert_eq!(state.engine_sockets.len(), 3);
     }
 }

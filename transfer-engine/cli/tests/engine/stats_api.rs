@@ -230,13 +230,18 @@ fn stats_api_counts_what_each_port_did_with_its_connections() {
         "--bytes",
         "1M",
     ]);
-    let want = |listener: &str, accepted, admitted, garbage| longhaul_stats_api::Admission {
-        listener: listener.into(),
-        accepted,
-        admitted,
-        evicted: 0,
-        expired: 0,
-        garbage,
+    // Each lists the address it listens on: every socket there is the
+    // engine's (the exporter's tcp collector leaves them to it).
+    let want = |listener: &str, address: &str, accepted, admitted, garbage| {
+        longhaul_stats_api::Admission {
+            listener: listener.into(),
+            address: Some(address.into()),
+            accepted,
+            admitted,
+            evicted: 0,
+            expired: 0,
+            garbage,
+        }
     };
     // longhaul: the stranger (garbage), the session's control connection
     // (admitted) and its one stream; iperf3: the test's control
@@ -244,7 +249,9 @@ fn stats_api_counts_what_each_port_did_with_its_connections() {
     let t = Instant::now();
     loop {
         let (ours, iperf3) = (admission("longhaul"), admission("iperf3"));
-        if ours == Some(want("longhaul", 3, 1, 1)) && iperf3 == Some(want("iperf3", 2, 1, 0)) {
+        if ours == Some(want("longhaul", &server.addr(), 3, 1, 1))
+            && iperf3 == Some(want("iperf3", &iperf3_addr, 2, 1, 0))
+        {
             break;
         }
         assert!(
