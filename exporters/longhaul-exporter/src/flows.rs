@@ -41,13 +41,13 @@ pub struct GroupKey {
     pub ports: String,
 }
 
-/// One connection: its addresses and its socket inode (a later connection
+/// One connection: its addresses and its socket cookie (a later connection
 /// with the same addresses is another one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FlowKey {
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    pub inode: u32,
+    pub cookie: u64,
 }
 
 /// A connection seen in this scrape.
@@ -350,7 +350,7 @@ mod tests {
         }
     }
 
-    fn seen(remote: &str, port: u16, inode: u32, acked: u64) -> Observed {
+    fn seen(remote: &str, port: u16, cookie: u64, acked: u64) -> Observed {
         Observed {
             group: GroupKey {
                 remote: remote.into(),
@@ -359,9 +359,9 @@ mod tests {
             flow: FlowKey {
                 local: "10.0.0.1:5201".parse().unwrap(),
                 remote: format!("{remote}:{port}").parse().unwrap(),
-                inode,
+                cookie,
             },
-            info: info(acked, 2000 * inode),
+            info: info(acked, 2000 * cookie as u32),
         }
     }
 
@@ -388,7 +388,7 @@ mod tests {
             t0,
         );
         let first = book.families();
-        // Both connections end; two new ones (new ports, new inodes) start.
+        // Both connections end; two new ones (new ports, new cookies) start.
         book.update(
             vec![seen("10.0.0.2", 40002, 3, 5), seen("10.0.0.2", 40003, 4, 6)],
             t0,
@@ -424,7 +424,7 @@ mod tests {
         let mut book = FlowBook::new(2);
         let t0 = Instant::now();
         book.update(
-            (1..=4)
+            (1..=4u64)
                 .map(|i| seen("10.0.0.2", 40000 + i as u16, i, 5))
                 .collect(),
             t0,
@@ -439,7 +439,7 @@ mod tests {
                 ["10.0.0.2", "5201", "other"]
             ]
         );
-        // inodes 3 and 4: 6 ms and 8 ms -> 7 ms
+        // cookies 3 and 4: 6 ms and 8 ms -> 7 ms
         assert!((rtt.samples[2].value - 0.007).abs() < 1e-12);
         assert_eq!(
             family(&fams, "longhaul_tcp_cwnd_bytes").samples[2].value,
@@ -464,7 +464,7 @@ mod tests {
         );
         let rtt = family(&book.families(), "longhaul_tcp_rtt_seconds").clone();
         assert_eq!(labels(&rtt).len(), 3);
-        assert_eq!(rtt.samples[0].value, 0.006, "inode 3 took slot 0");
+        assert_eq!(rtt.samples[0].value, 0.006, "cookie 3 took slot 0");
     }
 
     #[test]
@@ -472,7 +472,14 @@ mod tests {
         let mut book = FlowBook::new(4096);
         let t0 = Instant::now();
         let peers: Vec<Observed> = (0..MAX_REMOTES as u32 + 10)
-            .map(|i| seen(&format!("10.1.{}.{}", i / 250, i % 250 + 1), 40000, i, 1))
+            .map(|i| {
+                seen(
+                    &format!("10.1.{}.{}", i / 250, i % 250 + 1),
+                    40000,
+                    u64::from(i),
+                    1,
+                )
+            })
             .collect();
         book.update(peers, t0);
         let fams = book.families();

@@ -42,9 +42,14 @@ pub struct TcpSocket {
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub state: u8,
-    /// The socket's inode (idiag_inode): tells a new connection from an
-    /// old one that had the same addresses.
+    /// The socket's inode (idiag_inode); 0 once the socket is closed (a
+    /// FIN_WAIT1 or LAST_ACK socket that still sends has none).
     pub inode: u32,
+    /// The socket's cookie (idiag_cookie): the kernel's id of the socket
+    /// for its whole life, closed or not. Tells a new connection from an
+    /// old one that had the same addresses (the inode cannot: it turns 0
+    /// at close, and the same connection looked new).
+    pub cookie: u64,
     pub info: Option<TcpInfo>,
 }
 
@@ -227,6 +232,10 @@ fn parse_diag_msg(p: &[u8]) -> Option<TcpSocket> {
     };
     let local = SocketAddr::new(addr(8)?, sport);
     let remote = SocketAddr::new(addr(24)?, dport);
+    // idiag_cookie: two host-order u32s, low word first.
+    let cookie_lo = u32::from_ne_bytes(p[44..48].try_into().ok()?);
+    let cookie_hi = u32::from_ne_bytes(p[48..52].try_into().ok()?);
+    let cookie = u64::from(cookie_hi) << 32 | u64::from(cookie_lo);
     // After the sockid: expires, rqueue, wqueue, uid, then the inode.
     let inode = u32::from_ne_bytes(p[68..72].try_into().ok()?);
     let mut info = None;
@@ -247,6 +256,7 @@ fn parse_diag_msg(p: &[u8]) -> Option<TcpSocket> {
         remote,
         state,
         inode,
+        cookie,
         info,
     })
 }
@@ -277,7 +287,40 @@ mod tests {
             .find(|s| s.local.port() == port && s.remote == client.local_addr().unwrap())
             .expect("server socket in the dump");
         assert!(client_side.inode != 0 && client_side.inode != server_side.inode);
+        assert!(client_side.cookie != 0 && client_side.cookie != server_side.cookie);
         assert!(server_side.info.unwrap().bytes_received.unwrap() >= 100_000);
+    }
+
+    /// A socket closed with data still unsent lives on (FIN_WAIT1) with
+    /// inode 0 but the same cookie: the flow book keys connections by
+    /// cookie, so it is not taken for a new connection (whose bytes were
+    /// then added to the old one's: the counters doubled at close).
+    #[test]
+    fn a_socket_closed_with_unsent_data_keeps_its_cookie() {
+        let (client, server) = longhaul_testkit::loopback_pair();
+        let port = server.local_addr().unwrap().port();
+        let local = client.local_addr().unwrap();
+        // The server reads nothing: the client's writes fill both buffers.
+        client.set_nonblocking(true).unwrap();
+        let chunk = [1u8; 65536];
+        let mut sent = 0usize;
+        while let Ok(n) = (&client).write(&chunk) {
+            sent += n;
+        }
+        assert!(sent > 0);
+        let find = || {
+            tcp_sockets()
+                .unwrap()
+                .into_iter()
+                .find(|s| s.local == local && s.remote.port() == port)
+        };
+        let before = find().expect("the client's socket");
+        assert!(before.inode != 0 && before.cookie != 0);
+        drop(client);
+        let after = find().expect("the closed socket still sending");
+        assert_eq!(after.inode, 0, "{after:?}");
+        assert_eq!(after.cookie, before.cookie);
+        drop(server);
     }
 
     #[test]

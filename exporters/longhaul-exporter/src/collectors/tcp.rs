@@ -115,7 +115,7 @@ fn classify(
         let flow = FlowKey {
             local: s.local,
             remote: s.remote,
-            inode: s.inode,
+            cookie: s.cookie,
         };
         let listed = engine.contains(&(s.local, s.remote))
             || engine.contains(&(s.remote, s.local))
@@ -144,12 +144,13 @@ mod tests {
     use super::*;
     use crate::sock_diag::TcpInfo;
 
-    fn sock(local: &str, remote: &str, inode: u32) -> TcpSocket {
+    fn sock(local: &str, remote: &str, cookie: u64) -> TcpSocket {
         TcpSocket {
             local: local.parse().unwrap(),
             remote: remote.parse().unwrap(),
             state: 1,
-            inode,
+            inode: cookie as u32,
+            cookie,
             info: Some(TcpInfo {
                 snd_mss: 1000,
                 rtt_us: 2000,
@@ -224,7 +225,7 @@ mod tests {
             sock("10.0.0.1:7450", "10.0.0.8:41002", 6),
         ];
         let seen = classify(&socks, &ports, &HashSet::new(), &mut state);
-        let mut counted: Vec<u32> = seen.iter().map(|o| o.flow.inode).collect();
+        let mut counted: Vec<u64> = seen.iter().map(|o| o.flow.cookie).collect();
         counted.sort_unstable();
         assert_eq!(counted, [4, 5, 6], "{seen:?}");
         assert_eq!(state.engine_sockets.len(), 3);
