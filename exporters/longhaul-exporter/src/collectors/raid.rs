@@ -5,9 +5,16 @@
 //! Only whole physical disks are summed: partitions, md and dm devices are
 //! left out because their IO is already counted on the disks below them, and
 //! loop/ram because theirs is not controller IO. A controller whose disks'
-//! diskstats lines are missing or malformed gets no counters this scrape
-//! (a partial sum would look like a counter reset); the collector then
-//! reports failure, with the cause logged once.
+//! diskstats lines are missing or malformed gets no counters this scrape;
+//! the collector then reports failure, with the cause logged once.
+//!
+//! A controller's counters are carried from scrape to scrape: each disk
+//! adds what it did since the last scrape (its whole count the first time
+//! it is seen, and after its own counters restarted, what it did since).
+//! So a disk that leaves takes nothing away, and one that comes back adds
+//! only its new IO. Summing the present disks' lifetime counters afresh
+//! made the controller's counter fall when a disk was unplugged, which
+//! rate() reads as a reset: the other disks' whole lifetime counted again.
 //!
 //! Resolving the topology walks hundreds of sysfs symlinks (the bulk of a
 //! scrape's cost on a 64-disk box), while it changes only on hotplug. It is
@@ -24,7 +31,7 @@ use longhaul_topology::{self as topology, ControllerInfo, Disk, MdArray, DISKSTA
 
 use crate::collector::{Collector, CollectorSpec};
 use crate::config::Config;
-use crate::diskstats;
+use crate::diskstats::{self, DiskStats};
 use crate::metrics::Family;
 use crate::storcli::Storcli;
 
@@ -92,6 +99,7 @@ fn new(cfg: &Config) -> anyhow::Result<Box<dyn Collector>> {
         pci_ids: cfg.pci_ids.clone(),
         pci_names: Mutex::default(),
         layout: Mutex::default(),
+        carried: Mutex::default(),
         storcli: cfg
             .storcli_command
             .as_deref()
@@ -108,15 +116,51 @@ pub struct RaidCollector {
     pci_names: Mutex<HashMap<String, Option<String>>>,
     storcli: Option<Storcli>,
     layout: Mutex<Option<Arc<Layout>>>,
+    carried: Mutex<Carried>,
+}
+
+/// The controllers' counters between scrapes (module docs).
+#[derive(Default)]
+struct Carried {
+    /// By controller: everything its disks did while this exporter watched.
+    totals: HashMap<String, DiskStats>,
+    /// By disk: its controller and its counters at the last scrape.
+    last: HashMap<String, (String, DiskStats)>,
+}
+
+impl Carried {
+    /// Adds what `disk` on `controller` did since the last scrape.
+    fn see(&mut self, disk: &str, controller: &str, now: DiskStats) {
+        let since = match self.last.get(disk) {
+            Some((c, before)) if c == controller => DiskStats {
+                reads_completed: grown(before.reads_completed, now.reads_completed),
+                sectors_read: grown(before.sectors_read, now.sectors_read),
+                writes_completed: grown(before.writes_completed, now.writes_completed),
+                sectors_written: grown(before.sectors_written, now.sectors_written),
+                io_ticks_ms: grown(before.io_ticks_ms, now.io_ticks_ms),
+            },
+            // New here (or moved from another controller): all of it.
+            _ => now,
+        };
+        let t = self.totals.entry(controller.to_string()).or_default();
+        t.reads_completed += since.reads_completed;
+        t.sectors_read += since.sectors_read;
+        t.writes_completed += since.writes_completed;
+        t.sectors_written += since.sectors_written;
+        t.io_ticks_ms += since.io_ticks_ms;
+        self.last
+            .insert(disk.to_string(), (controller.to_string(), now));
+    }
+}
+
+/// How much a disk counter grew from `before` to `now`; a counter that went
+/// down restarted (the disk was re-added), so all of `now` is new.
+fn grown(before: u64, now: u64) -> u64 {
+    now.checked_sub(before).unwrap_or(now)
 }
 
 #[derive(Default)]
 struct Sum {
-    read_bytes: u64,
-    written_bytes: u64,
-    reads: u64,
-    writes: u64,
-    io_ticks_ms: u64,
     disks: u64,
     complete: bool,
 }
@@ -137,6 +181,11 @@ impl Collector for RaidCollector {
             "Which controller a whole disk hangs off; always 1.",
         );
         let mut sums: BTreeMap<&str, Sum> = BTreeMap::new();
+        let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
+        // Disks gone from the layout leave their IO in the totals.
+        carried
+            .last
+            .retain(|name, _| disks.iter().any(|d| &d.name == name));
         for d in disks {
             disk_info.push(&[("device", &d.name), ("controller", &d.controller)], 1.0);
             let sum = sums.entry(&d.controller).or_insert_with(|| Sum {
@@ -145,13 +194,7 @@ impl Collector for RaidCollector {
             });
             sum.disks += 1;
             match stats.devices.get(&d.name) {
-                Some(s) => {
-                    sum.read_bytes += s.sectors_read * DISKSTATS_SECTOR_BYTES;
-                    sum.written_bytes += s.sectors_written * DISKSTATS_SECTOR_BYTES;
-                    sum.reads += s.reads_completed;
-                    sum.writes += s.writes_completed;
-                    sum.io_ticks_ms += s.io_ticks_ms;
-                }
+                Some(s) => carried.see(&d.name, &d.controller, *s),
                 None => {
                     sum.complete = false;
                     problems.push(format!(
@@ -211,12 +254,12 @@ impl Collector for RaidCollector {
             );
             let l = [("controller", ctrl)];
             disks_f.push_u64(&l, sum.disks);
-            if sum.complete {
-                read_b.push_u64(&l, sum.read_bytes);
-                written_b.push_u64(&l, sum.written_bytes);
-                reads.push_u64(&l, sum.reads);
-                writes.push_u64(&l, sum.writes);
-                io_time.push(&l, sum.io_ticks_ms as f64 / 1000.0);
+            if let (true, Some(t)) = (sum.complete, carried.totals.get(ctrl)) {
+                read_b.push_u64(&l, t.sectors_read * DISKSTATS_SECTOR_BYTES);
+                written_b.push_u64(&l, t.sectors_written * DISKSTATS_SECTOR_BYTES);
+                reads.push_u64(&l, t.reads_completed);
+                writes.push_u64(&l, t.writes_completed);
+                io_time.push(&l, t.io_ticks_ms as f64 / 1000.0);
             }
         }
 

@@ -202,6 +202,55 @@ fn a_disk_removed_from_sysfs_disappears_on_the_next_scrape() {
     assert!(!s.keys().any(|k| k.contains("\"sdh\"")));
 }
 
+/// A disk unplugged, then plugged back with its counters restarted: the
+/// controller's counters never go down (before, they fell by the disk's
+/// lifetime, and rate() read that as a reset), and the disk's new IO is
+/// added to them.
+#[test]
+fn a_controllers_counters_survive_a_disk_leaving_and_coming_back() {
+    let tmp = scratch_server("replug");
+    let root = tmp.0.join("server");
+    let exp = Exporter::start(&[
+        format!("--path.sysfs={}", root.join("sys").display()),
+        format!("--path.procfs={}", root.join("proc").display()),
+        "--no-collector.engine".into(),
+    ]);
+    let read = "longhaul_controller_read_bytes_total{controller=\"0000:81:00.0\"}";
+    let disks = "longhaul_controller_disks{controller=\"0000:81:00.0\"}";
+    let diskstats = root.join("proc/diskstats");
+    let original = fs::read_to_string(&diskstats).unwrap();
+    let with_sdh = |line: Option<&str>| -> String {
+        original
+            .lines()
+            .filter_map(|l| match l.split_whitespace().nth(2) {
+                Some("sdh") => line.map(str::to_string),
+                _ => Some(l.to_string()),
+            })
+            .map(|l| l + "\n")
+            .collect()
+    };
+    let before = samples(&exp.scrape())[read];
+    // Unplugged: gone from sysfs and from diskstats.
+    let link = root.join("sys/block/sdh");
+    let target = fs::read_link(&link).unwrap();
+    fs::remove_file(&link).unwrap();
+    fs::write(&diskstats, with_sdh(None)).unwrap();
+    let s = samples(&exp.scrape());
+    assert_eq!(s[disks], 2.0);
+    assert_eq!(s[read], before, "the counter went down when sdh left");
+    // Plugged back: its counters start again from zero...
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let zero = "   8     112 sdh 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0";
+    fs::write(&diskstats, with_sdh(Some(zero))).unwrap();
+    let s = samples(&exp.scrape());
+    assert_eq!(s[disks], 3.0);
+    assert_eq!(s[read], before);
+    // ...and what it reads now is added: 100 sectors of 512 bytes.
+    let read_100 = "   8     112 sdh 10 0 100 5 0 0 0 0 0 5 5 0 0 0 0 0 0";
+    fs::write(&diskstats, with_sdh(Some(read_100))).unwrap();
+    assert_eq!(samples(&exp.scrape())[read], before + 51200.0);
+}
+
 #[test]
 fn storcli_models_enrich_controller_info_without_blocking() {
     let tmp = TempDir::new("storcli");
