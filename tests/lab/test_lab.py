@@ -487,18 +487,9 @@ def lab_dashboards():
 # --- faults ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "service, alert",
-    [
-        # Prometheus cannot scrape the exporter: up == 0.
-        ("longhaul-exporter", "LonghaulExporterDown"),
-        # The exporter answers, without the engine's figures: before
-        # LonghaulEngineUnreachable this looked like a host with no transfer.
-        ("longhaul-serve", "LonghaulEngineUnreachable"),
-    ],
-)
-def test_a_stopped_service_fires_its_alert_and_resolves(provisioned, service, alert):
-    lab = provisioned
+def stop_until_it_fires(lab, service, alert):
+    """Stops `service` on xfer-b until `alert` for xfer-b is in
+    Alertmanager, then starts it again."""
     lab.sh("xfer-b", "systemctl stop %s" % service)
     try:
         t0 = time.time()
@@ -510,7 +501,37 @@ def test_a_stopped_service_fires_its_alert_and_resolves(provisioned, service, al
         print("%s fired %.0f s after the stop: %s" % (alert, time.time() - t0, alerts[0]["labels"]))
     finally:
         lab.sh("xfer-b", "systemctl start %s" % service)
-    wait_until(lambda: not lab.alerts(alert), RESOLVES_WITHIN_S, "%s to resolve" % alert)
+
+
+def test_exporter_down_fires_and_resolves(provisioned):
+    stop_until_it_fires(provisioned, "longhaul-exporter", "LonghaulExporterDown")
+    wait_until(
+        lambda: not provisioned.alerts("LonghaulExporterDown"),
+        RESOLVES_WITHIN_S,
+        "LonghaulExporterDown to resolve",
+    )
+
+
+def test_an_engine_stopped_during_a_transfer_fires_and_resolves(provisioned):
+    """The receiving engine goes away mid-transfer while its exporter keeps
+    answering: before LonghaulEngineUnreachable that looked like a host
+    whose transfers had ended, and nothing fired."""
+    lab = provisioned
+    sender = lab.start_long_transfer(120)
+    try:
+        wait_until(
+            lambda: lab.promql('longhaul_session_info{instance="xfer-b"}'),
+            90,
+            "the transfer's session on xfer-b in Prometheus",
+        )
+        stop_until_it_fires(lab, "longhaul-serve", "LonghaulEngineUnreachable")
+    finally:
+        lab.stop_long_transfer(sender)
+    wait_until(
+        lambda: not lab.alerts("LonghaulEngineUnreachable"),
+        RESOLVES_WITHIN_S,
+        "LonghaulEngineUnreachable to resolve",
+    )
 
 
 def test_killed_receiver_fails_the_campaign_and_the_next_run_succeeds(provisioned, tmp_path):

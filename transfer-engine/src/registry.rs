@@ -246,15 +246,16 @@ fn api_direction(role: Role) -> api::Direction {
     }
 }
 
-/// All sessions of one server.
-#[derive(Debug)]
 /// A listening port of the engine, as the stats API lists it.
+#[derive(Debug)]
 struct Listening {
     name: &'static str,
     address: Option<std::net::SocketAddr>,
     counters: Arc<longhaul_admission::Counters>,
 }
 
+/// All sessions of one server.
+#[derive(Debug)]
 pub struct Registry {
     started_unix: f64,
     sessions: Mutex<Vec<Arc<SessionEntry>>>,

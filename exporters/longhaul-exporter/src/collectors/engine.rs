@@ -108,6 +108,19 @@ pub fn listening(snap: &Snapshot) -> Vec<SocketAddr> {
         .collect()
 }
 
+/// Whether a failed [`EngineApi::snapshot`] found no engine at all: its
+/// address refused the connection (nothing listens there), as opposed to an
+/// engine that is slow, hung or answered something else.
+pub fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let io = match c.downcast_ref::<ureq::Error>() {
+            Some(ureq::Error::Io(io)) => Some(io),
+            _ => c.downcast_ref::<std::io::Error>(),
+        };
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
 /// `text` as a socket address, an IPv4-mapped IPv6 one as IPv4.
 fn address(text: &str) -> Option<SocketAddr> {
     let a: SocketAddr = text.parse().ok()?;
@@ -642,6 +655,26 @@ mod tests {
         snap.sessions[0].local = None;
         snap.sessions[0].streams[0].peer = Some("not an address".into());
         assert_eq!(connections(&snap).len(), 1);
+    }
+
+    /// No engine on the port is told from one that does not answer well:
+    /// the tcp collector stops leaving the engine's ports to it only then.
+    #[test]
+    fn a_refused_connection_is_told_from_other_failures() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let api = |addr: std::net::SocketAddr| EngineApi {
+            url: Url::parse(&format!("http://{addr}")).unwrap(),
+            timeout: Duration::from_millis(500),
+        };
+        let e = api(closed).snapshot().unwrap_err();
+        assert!(refused(&e), "{e:#}");
+        // Something listens but never answers: a timeout, not a refusal.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = api(silent.local_addr().unwrap()).snapshot().unwrap_err();
+        assert!(!refused(&e), "{e:#}");
     }
 
     #[test]

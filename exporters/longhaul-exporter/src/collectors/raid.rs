@@ -15,6 +15,8 @@
 //! only its new IO. Summing the present disks' lifetime counters afresh
 //! made the controller's counter fall when a disk was unplugged, which
 //! rate() reads as a reset: the other disks' whole lifetime counted again.
+//! (An exporter restarted after an unplug starts again from the present
+//! disks' lifetime, lower than before: one reset, as any restart may be.)
 //!
 //! Resolving the topology walks hundreds of sysfs symlinks (the bulk of a
 //! scrape's cost on a 64-disk box), while it changes only on hotplug. It is
@@ -124,7 +126,8 @@ pub struct RaidCollector {
 struct Carried {
     /// By controller: everything its disks did while this exporter watched.
     totals: HashMap<String, DiskStats>,
-    /// By disk: its controller and its counters at the last scrape.
+    /// By disk: its controller and its counters when last seen (kept after
+    /// it leaves: one entry per disk name the host ever had).
     last: HashMap<String, (String, DiskStats)>,
 }
 
@@ -167,6 +170,10 @@ struct Sum {
 
 impl Collector for RaidCollector {
     fn update(&self, out: &mut Vec<Family>) -> anyhow::Result<()> {
+        // Held from the read on: two scrapes at once must fold their
+        // readings in the order they were taken (an older one folded last
+        // would look like every disk's counters restarting).
+        let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.procfs.join("diskstats");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
@@ -181,11 +188,9 @@ impl Collector for RaidCollector {
             "Which controller a whole disk hangs off; always 1.",
         );
         let mut sums: BTreeMap<&str, Sum> = BTreeMap::new();
-        let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
-        // Disks gone from the layout leave their IO in the totals.
-        carried
-            .last
-            .retain(|name, _| disks.iter().any(|d| &d.name == name));
+        // A disk gone from the layout leaves its IO in the totals and its
+        // last counters in `carried.last`: back under the same controller,
+        // it adds only what it did since (or since its counters restarted).
         for d in disks {
             disk_info.push(&[("device", &d.name), ("controller", &d.controller)], 1.0);
             let sum = sums.entry(&d.controller).or_insert_with(|| Sum {

@@ -81,11 +81,19 @@ impl Collector for TcpCollector {
         let socks =
             sock_diag::tcp_sockets().map_err(|e| anyhow::anyhow!("sock_diag dump failed: {e}"))?;
         // No engine running is the normal state between campaigns.
-        let snap = self.engine.as_ref().and_then(|api| api.snapshot().ok());
-        let engine = snap.as_ref().map(engine::connections).unwrap_or_default();
+        let snap = self.engine.as_ref().map(|api| api.snapshot());
+        let engine = match &snap {
+            Some(Ok(snap)) => engine::connections(snap),
+            _ => HashSet::new(),
+        };
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(snap) = &snap {
-            state.engine_listening = engine::listening(snap);
+        match &snap {
+            Some(Ok(snap)) => state.engine_listening = engine::listening(snap),
+            // Nothing listens at the stats API: the engine stopped, and
+            // its ports are free for other tools (a stock iperf3 -s).
+            Some(Err(e)) if engine::refused(e) => state.engine_listening.clear(),
+            // Slow or hung: its ports are still its own.
+            _ => {}
         }
         let observed = classify(&socks, &self.ports, &engine, &mut state);
         state.book.update(observed, Instant::now());
@@ -117,11 +125,21 @@ fn classify(
             remote: s.remote,
             cookie: s.cookie,
         };
+        let on_engine_port = |end: SocketAddr| {
+            state.engine_listening.iter().any(|l| {
+                l.port() == end.port()
+                    && (l.ip() == end.ip()
+                        // 0.0.0.0 takes IPv4 only; [::] both (IPv4 as mapped).
+                        || (l.ip().is_unspecified() && (l.is_ipv6() || end.is_ipv4())))
+            })
+        };
+        // The engine's end of a connection, or on one host (loopback, or the
+        // host's own address) the client's end of one to the engine.
+        let local_client = s.remote.ip().is_loopback() || s.remote.ip() == s.local.ip();
         let listed = engine.contains(&(s.local, s.remote))
             || engine.contains(&(s.remote, s.local))
-            || state.engine_listening.iter().any(|l| {
-                l.port() == s.local.port() && (l.ip().is_unspecified() || l.ip() == s.local.ip())
-            });
+            || on_engine_port(s.local)
+            || (local_client && on_engine_port(s.remote));
         if !state.book.knows(&flow) && (listed || state.engine_sockets.contains(&flow)) {
             engine_now.insert(flow);
             continue;
@@ -223,11 +241,21 @@ mod tests {
             // A `longhaul send` of this host to a remote engine, and FDT.
             sock("10.0.0.1:50002", "10.0.0.7:7400", 5),
             sock("10.0.0.1:7450", "10.0.0.8:41002", 6),
+            // The client's end of a stream to this host's engine, on
+            // loopback and to the host's own address.
+            sock("127.0.0.1:50003", "127.0.0.1:7400", 7),
+            sock("10.0.0.1:50004", "10.0.0.1:7400", 8),
+            // IPv6 on port 7400: 0.0.0.0 does not take it.
+            sock("[2001:db8::1]:7400", "[2001:db8::2]:41003", 9),
         ];
         let seen = classify(&socks, &ports, &HashSet::new(), &mut state);
         let mut counted: Vec<u64> = seen.iter().map(|o| o.flow.cookie).collect();
         counted.sort_unstable();
-        assert_eq!(counted, [4, 5, 6], "{seen:?}");
-        assert_eq!(state.engine_sockets.len(), 3);
+        assert_eq!(counted, [4, 5, 6, 9], "{seen:?}");
+        assert_eq!(state.engine_sockets.len(), 5);
+        // An engine on [::] takes both families.
+        let mut state = fresh_state(vec!["[::]:7400".parse().unwrap()]);
+        let seen = classify(&socks[8..], &ports, &HashSet::new(), &mut state);
+        assert!(seen.is_empty(), "{seen:?}");
     }
 }

@@ -202,10 +202,11 @@ fn a_disk_removed_from_sysfs_disappears_on_the_next_scrape() {
     assert!(!s.keys().any(|k| k.contains("\"sdh\"")));
 }
 
-/// A disk unplugged, then plugged back with its counters restarted: the
-/// controller's counters never go down (before, they fell by the disk's
-/// lifetime, and rate() read that as a reset), and the disk's new IO is
-/// added to them.
+/// A disk unplugged, back in the layout with its old counters, then
+/// plugged back with its counters restarted: the controller's counters
+/// never go down (before, they fell by the disk's lifetime, and rate() read
+/// that as a reset), never count a disk's lifetime twice, and the disk's
+/// new IO is added to them.
 #[test]
 fn a_controllers_counters_survive_a_disk_leaving_and_coming_back() {
     let tmp = scratch_server("replug");
@@ -238,8 +239,14 @@ fn a_controllers_counters_survive_a_disk_leaving_and_coming_back() {
     let s = samples(&exp.scrape());
     assert_eq!(s[disks], 2.0);
     assert_eq!(s[read], before, "the counter went down when sdh left");
-    // Plugged back: its counters start again from zero...
+    // Back in the layout with its counters where they were (a blip in
+    // sysfs): nothing new to add.
     std::os::unix::fs::symlink(&target, &link).unwrap();
+    fs::write(&diskstats, &original).unwrap();
+    let s = samples(&exp.scrape());
+    assert_eq!(s[disks], 3.0);
+    assert_eq!(s[read], before, "sdh's lifetime was added again");
+    // Plugged back for real: its counters start again from zero...
     let zero = "   8     112 sdh 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0";
     fs::write(&diskstats, with_sdh(Some(zero))).unwrap();
     let s = samples(&exp.scrape());
