@@ -12,16 +12,23 @@
 //! - All connections together are bounded ([`Limits::max_connections`]) and
 //!   each has a total deadline ([`Limits::connection_deadline`]).
 //! - Handlers are plain blocking functions run on tokio's blocking pool, at
-//!   most [`Limits::max_in_flight`] at once; more get `503` at once.
+//!   most [`Limits::max_in_flight`] at once, and at most
+//!   [`Limits::max_in_flight_per_source`] for one source (an IPv4 address
+//!   or an IPv6 /64, as [`longhaul_admission::SourceKey`] counts them);
+//!   more get `503` at once. So one source that floods cannot take every
+//!   handler: a scraper at another address is still answered.
 //! - The responses connections hold while their clients read them are
-//!   bounded in bytes ([`Limits::max_response_bytes`]): a client that sends
-//!   a request and reads nothing holds its response until the connection's
-//!   deadline, so beyond the budget a big answer becomes a small `503`.
+//!   bounded in bytes ([`Limits::max_response_bytes`], and
+//!   [`Limits::max_response_bytes_per_source`] for one source): a client
+//!   that sends a request and reads nothing holds its response until the
+//!   connection's deadline, so beyond the budget a big answer becomes a
+//!   small `503`.
 //! - One request per connection (`Connection: close`), which is all a
 //!   scraper needs and keeps every connection's life bounded.
 //!
 //! Why hyper and tokio: docs/http.md.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
@@ -33,8 +40,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use longhaul_admission::{EntryId, PendingSet};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use longhaul_admission::{EntryId, PendingSet, SourceKey};
+use tokio::sync::{oneshot, Semaphore};
 
 /// The limits of one server.
 #[derive(Debug, Clone, Copy)]
@@ -52,10 +59,15 @@ pub struct Limits {
     pub max_connections: usize,
     /// Handler calls at once; beyond, `503`.
     pub max_in_flight: usize,
+    /// Handler calls at once from one source; beyond, `503` for that
+    /// source.
+    pub max_in_flight_per_source: usize,
     /// Bytes of responses held by connections still writing them; a
     /// response that does not fit is answered `503` instead (answers of up
     /// to [`SMALL_RESPONSE`] bytes are not counted).
     pub max_response_bytes: usize,
+    /// The same for the connections of one source.
+    pub max_response_bytes_per_source: usize,
 }
 
 /// Answers this small (a `503`, a health check) go out outside the
@@ -80,10 +92,13 @@ impl Default for Limits {
             },
             max_connections: 1024,
             max_in_flight: 4,
+            // Half: a source that floods leaves the other half to the rest.
+            max_in_flight_per_source: 2,
             // Scrapes of a host with 1,024 streams are a few MiB; this is
             // room for several at once, and what 1,024 clients that read
             // nothing can make the process hold.
             max_response_bytes: 64 << 20,
+            max_response_bytes_per_source: 32 << 20,
         }
     }
 }
@@ -112,16 +127,18 @@ impl Request {
 }
 
 /// A handler's answer. HEAD requests get the same status and headers
-/// without the body (hyper drops it).
+/// without the body (hyper drops it). The body is shared, not copied, when
+/// several answers carry the same one (the exporter's scrapes of one
+/// collection).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
     pub status: u16,
     pub content_type: String,
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 impl Response {
-    pub fn new(status: u16, content_type: &str, body: impl Into<Vec<u8>>) -> Response {
+    pub fn new(status: u16, content_type: &str, body: impl Into<Bytes>) -> Response {
         Response {
             status,
             content_type: content_type.to_string(),
@@ -130,7 +147,88 @@ impl Response {
     }
 
     pub fn text(status: u16, body: &str) -> Response {
-        Response::new(status, "text/plain; charset=utf-8", body)
+        Response::new(
+            status,
+            "text/plain; charset=utf-8",
+            Bytes::copy_from_slice(body.as_bytes()),
+        )
+    }
+}
+
+/// What each source holds now, and all of them together: handlers in
+/// flight and KiB of responses being written. A source's entry goes when
+/// it holds nothing.
+struct Ledger {
+    limits: Limits,
+    state: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    total: Share,
+    by_source: HashMap<SourceKey, Share>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Share {
+    handlers: usize,
+    kib: u64,
+}
+
+/// Something a source holds, given back on drop.
+struct Hold {
+    ledger: Arc<Ledger>,
+    source: SourceKey,
+    share: Share,
+}
+
+impl Ledger {
+    /// Takes `want` for `source` if both its share and the total allow.
+    fn take(self: &Arc<Ledger>, source: SourceKey, want: Share) -> Option<Hold> {
+        let l = &self.limits;
+        let mut held = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Held { total, by_source } = &mut *held;
+        let mine = by_source.get(&source).copied().unwrap_or_default();
+        let fits = |have: Share, handlers: usize, kib: u64| {
+            (want.handlers == 0 || have.handlers + want.handlers <= handlers)
+                && (want.kib == 0 || have.kib + want.kib <= kib)
+        };
+        if !fits(
+            *total,
+            l.max_in_flight.max(1),
+            kib(l.max_response_bytes).into(),
+        ) || !fits(
+            mine,
+            l.max_in_flight_per_source.max(1),
+            kib(l.max_response_bytes_per_source).into(),
+        ) {
+            return None;
+        }
+        for s in [total, by_source.entry(source).or_default()] {
+            s.handlers += want.handlers;
+            s.kib += want.kib;
+        }
+        Some(Hold {
+            ledger: Arc::clone(self),
+            source,
+            share: want,
+        })
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut held = self.ledger.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Held { total, by_source } = &mut *held;
+        total.handlers -= self.share.handlers;
+        total.kib -= self.share.kib;
+        if let Some(s) = by_source.get_mut(&self.source) {
+            s.handlers -= self.share.handlers;
+            s.kib -= self.share.kib;
+            if s.handlers == 0 && s.kib == 0 {
+                by_source.remove(&self.source);
+            }
+        }
     }
 }
 
@@ -209,8 +307,10 @@ async fn serve(
         }
     };
     let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
-    let responses = Arc::new(Semaphore::new(kib(limits.max_response_bytes) as usize));
+    let ledger = Arc::new(Ledger {
+        limits,
+        state: Mutex::default(),
+    });
     let pending: Pending = Arc::new(Mutex::new(PendingSet::new(limits.pending)));
     let grace = loop {
         let permit = tokio::select! {
@@ -244,9 +344,7 @@ async fn serve(
             id,
             peer,
             pending: pending.clone(),
-            in_flight: in_flight.clone(),
-            responses: responses.clone(),
-            budget: kib(limits.max_response_bytes),
+            ledger: ledger.clone(),
             handler: handler.clone(),
         };
         tokio::spawn(async move {
@@ -264,10 +362,7 @@ struct Connection {
     id: EntryId,
     peer: SocketAddr,
     pending: Pending,
-    in_flight: Arc<Semaphore>,
-    /// [`Limits::max_response_bytes`] in KiB permits, and all of them.
-    responses: Arc<Semaphore>,
-    budget: u32,
+    ledger: Arc<Ledger>,
     handler: Handler,
 }
 
@@ -287,28 +382,35 @@ impl Connection {
             id,
             peer,
             pending,
-            in_flight,
-            responses,
-            budget,
+            ledger,
             handler,
         } = self;
         let head_pending = pending.clone();
+        let source = SourceKey::of(peer.ip());
+        // Both budgets' smaller: one response always fits an empty budget.
+        let budget = kib(ledger
+            .limits
+            .max_response_bytes
+            .min(ledger.limits.max_response_bytes_per_source));
         // This connection's share of the response budget: the service holds
         // it, so it returns when the connection ends (its response written,
         // or its deadline passed).
-        let holds: Arc<Mutex<Option<OwnedSemaphorePermit>>> = Arc::default();
+        let holds: Arc<Mutex<Option<Hold>>> = Arc::default();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
             // The head is complete: the connection stops being pending.
             leave(&head_pending, id);
             let (parts, _body) = req.into_parts();
             let request = Request { parts, peer };
             let handler = handler.clone();
-            let in_flight = in_flight.clone();
-            let responses = responses.clone();
+            let ledger = ledger.clone();
             let holds = holds.clone();
             async move {
-                let answer = match in_flight.try_acquire_owned() {
-                    Ok(permit) => {
+                let handlers = Share {
+                    handlers: 1,
+                    kib: 0,
+                };
+                let answer = match ledger.take(source, handlers) {
+                    Some(permit) => {
                         let handled = tokio::task::spawn_blocking(move || {
                             let answer = handler(&request);
                             drop(permit);
@@ -317,18 +419,21 @@ impl Connection {
                         .await;
                         handled.unwrap_or_else(|_| Response::text(500, "handler failed\n"))
                     }
-                    Err(_) => Response::text(503, "too many requests in flight; try again\n"),
+                    None => Response::text(503, "too many requests in flight; try again\n"),
                 };
                 let answer = if answer.body.len() <= SMALL_RESPONSE {
                     answer
                 } else {
-                    let need = kib(answer.body.len()).min(budget);
-                    match responses.try_acquire_many_owned(need) {
-                        Ok(permit) => {
+                    let need = Share {
+                        handlers: 0,
+                        kib: kib(answer.body.len()).min(budget).into(),
+                    };
+                    match ledger.take(source, need) {
+                        Some(permit) => {
                             *holds.lock().unwrap_or_else(|e| e.into_inner()) = Some(permit);
                             answer
                         }
-                        Err(_) => Response::text(
+                        None => Response::text(
                             503,
                             "too many responses still being read by their clients; try again\n",
                         ),
@@ -356,7 +461,7 @@ impl Connection {
 fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
     // Explicit, so HEAD answers carry it too (hyper sends no body for them).
     let length = hyper::header::HeaderValue::from(r.body.len());
-    let mut answer = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    let mut answer = hyper::Response::new(Full::new(r.body));
     *answer.status_mut() =
         hyper::StatusCode::from_u16(r.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     if let Ok(v) = hyper::header::HeaderValue::from_str(&r.content_type) {

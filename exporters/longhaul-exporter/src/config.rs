@@ -13,10 +13,13 @@ pub const DEFAULT_LISTEN: &str = ":9743";
 pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:7401";
 /// The engine's data ports by convention: 7400 control, the rest data.
 pub const DEFAULT_TCP_PORTS: &str = "7400-7499";
-/// Prometheus scrapes one target once per interval; a handful in flight
-/// means something is wrong (stuck collectors, a scrape storm), so refuse
-/// more with 503 instead of piling up threads.
-pub const DEFAULT_MAX_REQUESTS: usize = 4;
+/// Prometheus scrapes one target once per interval; more than a handful
+/// in flight means something is wrong (stuck collectors, a scrape storm),
+/// so refuse more with 503 instead of piling up threads. Scrapes in flight
+/// share one collection, so each costs a waiting thread; one source gets a
+/// quarter of them (http.rs), so 8 leave room for a Prometheus pair and a
+/// person while a stranger floods.
+pub const DEFAULT_MAX_REQUESTS: usize = 8;
 /// A hung engine must not hold a scrape: Prometheus' default scrape timeout
 /// is 10 s, so 2 s for connect+read leaves room for the other collectors.
 pub const DEFAULT_ENGINE_TIMEOUT: Duration = Duration::from_secs(2);

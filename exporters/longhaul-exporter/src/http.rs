@@ -3,7 +3,10 @@
 //! [`MAX_REQUEST_HEAD`]) and must arrive within [`HEADER_DEADLINE`],
 //! connections still sending their head are pushed out oldest-first when
 //! too many pile up, so slow or silent clients cannot keep Prometheus out,
-//! and more than `--web.max-requests` requests at once get `503`.
+//! and more than `--web.max-requests` requests at once, or more than a
+//! quarter of them from one source, get `503`. Scrapes that arrive while a
+//! collection runs wait for its result (scrape.rs), each within its own
+//! deadline.
 //! SIGTERM/SIGINT wake the main thread through a self-pipe; the server then
 //! stops accepting and waits (bounded) for requests in flight.
 
@@ -15,7 +18,7 @@ use std::time::Duration;
 
 use longhaul_http_serve::{Limits, Response, Server};
 
-use crate::metrics::{self, Format};
+use crate::metrics::Format;
 use crate::scrape::Exporter;
 
 /// Request head size limit; real scrape requests are ~300 bytes.
@@ -31,6 +34,19 @@ pub const MAX_PENDING_PER_SOURCE: usize = 256;
 /// Open connections at most (pending ones included); beyond, new ones wait
 /// in the kernel's accept queue.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Bytes of scrapes that connections may hold while their clients read
+/// them (a scrape of 10,000 streams is ~2 MiB; scrapes of one collection
+/// share one body, but are counted once each), within the exporter's
+/// 30 MiB; one source may hold half.
+pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+
+/// The handlers one source may hold: a quarter of `--web.max-requests`
+/// (at least one), so a source that floods leaves the rest to Prometheus,
+/// which sends one scrape at a time.
+pub fn per_source_requests(max_requests: usize) -> usize {
+    (max_requests / 4).max(1)
+}
+
 /// A connection's whole life: head, scrape and response. Prometheus'
 /// default scrape timeout is 10 s.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
@@ -144,7 +160,9 @@ pub fn serve(
         },
         max_connections: MAX_CONNECTIONS,
         max_in_flight: max_requests.max(1),
-        ..Limits::default()
+        max_in_flight_per_source: per_source_requests(max_requests),
+        max_response_bytes: MAX_RESPONSE_BYTES,
+        max_response_bytes_per_source: MAX_RESPONSE_BYTES / 2,
     };
     let server = Server::spawn(
         listener,
@@ -156,6 +174,20 @@ pub fn serve(
     crate::log("signal received, shutting down");
     server.shutdown(SHUTDOWN_GRACE);
     Ok(())
+}
+
+/// How long a scrape waits for a collection that is already running when
+/// the scraper does not say (Prometheus sends its scrape timeout, by
+/// default 10 s, as X-Prometheus-Scrape-Timeout-Seconds).
+pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The scrape's own deadline: Prometheus' header, at most the connection's.
+fn patience(req: &longhaul_http_serve::Request) -> Duration {
+    req.header("x-prometheus-scrape-timeout-seconds")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| Duration::from_secs_f64(s).min(CONNECTION_DEADLINE))
+        .unwrap_or(DEFAULT_PATIENCE)
 }
 
 const INDEX: &str = "<!DOCTYPE html>\n<html><head><title>longhaul-exporter</title></head><body>\n\
@@ -170,8 +202,15 @@ fn answer(req: &longhaul_http_serve::Request, exporter: &Exporter) -> Response {
         "/" => Response::new(200, "text/html; charset=utf-8", INDEX),
         "/metrics" => {
             let format = Format::from_accept(req.header("accept"));
-            let body = metrics::encode(exporter.scrape(), format);
-            Response::new(200, format.content_type(), body)
+            match exporter.shared(patience(req)) {
+                Some(collection) => {
+                    Response::new(200, format.content_type(), collection.encoded(format))
+                }
+                None => Response::text(
+                    503,
+                    "the collection in progress did not finish within this scrape's timeout\n",
+                ),
+            }
         }
         _ => Response::text(404, "not found; metrics are at /metrics\n"),
     }

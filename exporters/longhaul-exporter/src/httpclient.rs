@@ -1,16 +1,15 @@
 //! GET from the engine's stats API with ureq (docs/http.md): one deadline
 //! for connect + request + response, so a hung engine cannot hold a
-//! scrape, and a bounded answer, so a confused one cannot eat the host's
-//! memory.
+//! scrape; the answer is handed out as a reader, which the caller reads
+//! through a bounded window (stats.rs), so a confused engine cannot eat the
+//! host's memory.
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use ureq::http::Uri;
+use std::io::Read;
 
-/// Answers larger than this are refused: 1,000 streams of JSON are ~300 KB,
-/// so 64 MiB means something is wrong.
-const MAX_BODY: u64 = 64 << 20;
+use anyhow::bail;
+use ureq::http::Uri;
 
 /// An `http://host:port/prefix` URL (`--engine.url`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,16 +59,17 @@ impl Url {
     }
 }
 
-/// GETs `url.prefix + path` and returns the body of a 200 answer, all
-/// within `timeout`.
-pub fn get(url: &Url, path: &str, timeout: Duration) -> anyhow::Result<Vec<u8>> {
+/// GETs `url.prefix + path` and returns the body of a 200 answer as a
+/// reader, all within `timeout` (reading the body included); the caller
+/// bounds how much it reads.
+pub fn open(url: &Url, path: &str, timeout: Duration) -> anyhow::Result<impl Read> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
         .user_agent(concat!("longhaul-exporter/", env!("CARGO_PKG_VERSION")))
         .build()
         .into();
-    let mut answer = agent
+    let answer = agent
         .get(url.join(path))
         .header("Accept", "application/json")
         .call()
@@ -81,19 +81,15 @@ pub fn get(url: &Url, path: &str, timeout: Duration) -> anyhow::Result<Vec<u8>> 
     if status != 200 {
         bail!("HTTP status {status}");
     }
-    answer
-        .body_mut()
-        .with_config()
-        .limit(MAX_BODY)
-        .read_to_vec()
-        .map_err(|e| match e {
-            ureq::Error::Timeout(_) => anyhow::anyhow!("no complete answer within {timeout:?}"),
-            ureq::Error::BodyExceedsLimit(_) => {
-                anyhow::anyhow!("answer larger than {MAX_BODY} bytes")
-            }
-            other => anyhow::Error::new(other),
-        })
-        .context("reading the answer")
+    Ok(answer.into_body().into_reader())
+}
+
+/// Whether a read of an [`open`] body failed on the deadline.
+pub fn timed_out(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::TimedOut
+        || e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+            .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)))
 }
 
 #[cfg(test)]

@@ -1,16 +1,25 @@
-//! The registry of collectors and the scrape that runs them: every enabled
-//! collector in parallel, timed, its failure turned into
+//! The registry of collectors and the collection that runs them: every
+//! enabled collector in parallel, timed, its failure turned into
 //! `longhaul_exporter_collector_success{collector} 0` instead of a failed
 //! scrape. A failure is logged when it first happens (and when its cause
 //! changes or it recovers), not on every scrape.
+//!
+//! Scrapes share collections ([`Exporter::shared`]): a scrape that arrives
+//! while a collection runs waits for that collection's result (within its
+//! own deadline) instead of starting another, so any number of scrapers at
+//! once cost one collection, one stats API request and one encoding per
+//! format.
 
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use crate::collector::{Collector, CollectorSpec};
+use bytes::Bytes;
+
+use crate::collector::{Collector, CollectorSpec, Round};
 use crate::collectors::{engine, raid, tcp};
 use crate::config::Config;
-use crate::metrics::Family;
+use crate::metrics::{self, Family, Format};
+use crate::stats::EngineApi;
 
 /// Every collector there is, in output order.
 pub static COLLECTORS: &[CollectorSpec] = &[engine::SPEC, raid::SPEC, tcp::SPEC];
@@ -25,6 +34,42 @@ struct Enabled {
 /// The enabled collectors of one exporter process.
 pub struct Exporter {
     collectors: Vec<Enabled>,
+    /// The engine's stats API, read once per collection (None: the engine
+    /// collector is off).
+    engine: Option<EngineApi>,
+    /// The collection running now, if any.
+    flight: Mutex<Option<Arc<Flight>>>,
+}
+
+/// A collection in progress; scrapes that arrive meanwhile wait for it.
+#[derive(Default)]
+struct Flight {
+    done: Mutex<Option<Arc<Collection>>>,
+    finished: Condvar,
+}
+
+/// The result of one collection, shared by every scrape that waited for
+/// it, with its encodings made once each, on first use.
+pub struct Collection {
+    families: Vec<Family>,
+    text: OnceLock<Bytes>,
+    open_metrics: OnceLock<Bytes>,
+}
+
+impl Collection {
+    pub fn families(&self) -> &[Family] {
+        &self.families
+    }
+
+    /// The scrape in `format`.
+    pub fn encoded(&self, format: Format) -> Bytes {
+        let cell = match format {
+            Format::Text => &self.text,
+            Format::OpenMetrics => &self.open_metrics,
+        };
+        cell.get_or_init(|| Bytes::from(metrics::encode(&self.families, format)))
+            .clone()
+    }
 }
 
 impl Exporter {
@@ -45,12 +90,77 @@ impl Exporter {
                 last_error: Mutex::new(None),
             });
         }
-        Ok(Exporter { collectors })
+        let engine = if cfg.collectors.contains(&engine::SPEC.name) {
+            Some(EngineApi::new(
+                &cfg.engine_url,
+                cfg.engine_timeout,
+                cfg.max_streams,
+            )?)
+        } else {
+            None
+        };
+        Ok(Exporter {
+            collectors,
+            engine,
+            flight: Mutex::new(None),
+        })
+    }
+
+    /// The result of a collection: the one running now if there is one,
+    /// else a new one. `None` if the running collection does not finish
+    /// within `patience`.
+    pub fn shared(&self, patience: Duration) -> Option<Arc<Collection>> {
+        let (flight, leader) = {
+            let mut current = self.flight.lock().unwrap_or_else(|p| p.into_inner());
+            match &*current {
+                Some(f) => (Arc::clone(f), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    *current = Some(Arc::clone(&f));
+                    (f, true)
+                }
+            }
+        };
+        if leader {
+            // Whatever happens, the next scrape starts a new collection.
+            struct Land<'a>(&'a Mutex<Option<Arc<Flight>>>);
+            impl Drop for Land<'_> {
+                fn drop(&mut self) {
+                    *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+            }
+            let _land = Land(&self.flight);
+            let collection = Arc::new(Collection {
+                families: self.scrape(),
+                text: OnceLock::new(),
+                open_metrics: OnceLock::new(),
+            });
+            *flight.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&collection));
+            flight.finished.notify_all();
+            return Some(collection);
+        }
+        let deadline = Instant::now() + patience;
+        let mut done = flight.done.lock().unwrap_or_else(|p| p.into_inner());
+        while done.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            done = flight
+                .finished
+                .wait_timeout(done, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        done.clone()
     }
 
     /// Runs every collector (in parallel) and returns all families, the
-    /// exporter's own duration/success families last.
+    /// exporter's own duration/success families last. [`Exporter::shared`]
+    /// is what scrapes use.
     pub fn scrape(&self) -> Vec<Family> {
+        let round = Round::new(self.engine.as_ref());
+        let round = &round;
         let results: Vec<(Vec<Family>, f64, bool)> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .collectors
@@ -59,7 +169,7 @@ impl Exporter {
                     s.spawn(move || {
                         let start = Instant::now();
                         let mut out = Vec::new();
-                        let res = c.collector.update(&mut out);
+                        let res = c.collector.update(round, &mut out);
                         (out, start.elapsed().as_secs_f64(), res)
                     })
                 })

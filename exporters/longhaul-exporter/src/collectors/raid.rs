@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use longhaul_topology::{self as topology, ControllerInfo, Disk, MdArray, DISKSTATS_SECTOR_BYTES};
 
-use crate::collector::{Collector, CollectorSpec};
+use crate::collector::{Collector, CollectorSpec, Round};
 use crate::config::Config;
 use crate::diskstats::{self, DiskStats};
 use crate::metrics::Family;
@@ -169,7 +169,7 @@ struct Sum {
 }
 
 impl Collector for RaidCollector {
-    fn update(&self, out: &mut Vec<Family>) -> anyhow::Result<()> {
+    fn update(&self, _round: &Round, out: &mut Vec<Family>) -> anyhow::Result<()> {
         // Held from the read on: two scrapes at once must fold their
         // readings in the order they were taken (an older one folded last
         // would look like every disk's counters restarting).

@@ -28,8 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::collector::{Collector, CollectorSpec};
-use crate::collectors::engine::{self, EngineApi};
+use crate::collector::{Collector, CollectorSpec, Round};
 use crate::config::Config;
 use crate::flows::{FlowBook, FlowKey, GroupKey, Observed};
 use crate::metrics::Family;
@@ -44,14 +43,8 @@ pub const SPEC: CollectorSpec = CollectorSpec {
 };
 
 fn new(cfg: &Config) -> anyhow::Result<Box<dyn Collector>> {
-    let engine = if cfg.collectors.contains(&engine::SPEC.name) {
-        Some(EngineApi::new(cfg)?)
-    } else {
-        None
-    };
     Ok(Box::new(TcpCollector {
         ports: cfg.tcp_ports.clone(),
-        engine,
         state: Mutex::new(State {
             book: FlowBook::new(cfg.max_flows),
             engine_sockets: HashSet::new(),
@@ -62,9 +55,6 @@ fn new(cfg: &Config) -> anyhow::Result<Box<dyn Collector>> {
 
 pub struct TcpCollector {
     ports: PortRanges,
-    /// The engine whose sockets are skipped (None: the engine collector is
-    /// off, so nothing else reports longhaul's sockets).
-    engine: Option<EngineApi>,
     state: Mutex<State>,
 }
 
@@ -77,25 +67,29 @@ struct State {
 }
 
 impl Collector for TcpCollector {
-    fn update(&self, out: &mut Vec<Family>) -> anyhow::Result<()> {
+    fn update(&self, round: &Round, out: &mut Vec<Family>) -> anyhow::Result<()> {
         let socks =
             sock_diag::tcp_sockets().map_err(|e| anyhow::anyhow!("sock_diag dump failed: {e}"))?;
-        // No engine running is the normal state between campaigns.
-        let snap = self.engine.as_ref().map(|api| api.snapshot());
-        let engine = match &snap {
-            Some(Ok(snap)) => engine::connections(snap),
-            _ => HashSet::new(),
+        // The engine's answer of this collection, shared with the engine
+        // collector (None: that collector is off, so nothing else reports
+        // longhaul's sockets). No engine running is the normal state
+        // between campaigns.
+        let view = round.engine();
+        let none = HashSet::new();
+        let engine = match view {
+            Some(Ok(v)) => &v.connections,
+            _ => &none,
         };
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match &snap {
-            Some(Ok(snap)) => state.engine_listening = engine::listening(snap),
+        match view {
+            Some(Ok(v)) => state.engine_listening.clone_from(&v.listening),
             // Nothing listens at the stats API: the engine stopped, and
             // its ports are free for other tools (a stock iperf3 -s).
-            Some(Err(e)) if engine::refused(e) => state.engine_listening.clear(),
+            Some(Err(e)) if e.refused => state.engine_listening.clear(),
             // Slow or hung: its ports are still its own.
             _ => {}
         }
-        let observed = classify(&socks, &self.ports, &engine, &mut state);
+        let observed = classify(&socks, &self.ports, engine, &mut state);
         state.book.update(observed, Instant::now());
         out.extend(state.book.families());
         Ok(())

@@ -1,0 +1,821 @@
+//! The engine's stats API as the exporter reads it: one request per
+//! collection, its answer walked as it arrives ([`crate::json`]) into an
+//! [`EngineView`] that holds only what the `engine` and `tcp` collectors
+//! use: the engine's counters, each session's labels and its streams
+//! already folded to the series they export, and the engine's socket
+//! addresses. Both collectors, and every scrape waiting on the same
+//! collection, share one view (scrape.rs), so the answer is read and parsed
+//! once per collection.
+//!
+//! Nothing an engine URL answers can make the exporter hold more than the
+//! bounds below: the answer is never buffered (a window of
+//! [`crate::json::WINDOW`] bytes), strings and numbers are capped
+//! ([`crate::json::MAX_TOKEN`]), and every list it keeps has a limit sized
+//! for the largest real answer. Beyond a limit the answer is refused (the
+//! collector fails, its cause logged), except for stream labels, which
+//! past [`MAX_STREAM_LABELS`] in all fold into `stream="other"` as past
+//! the per-session cap.
+//!
+//! The walk follows the wire types of longhaul-stats-api (field names and
+//! meanings); `a_serialised_snapshot_reads_as_the_wire_types_say` checks it
+//! against them, so a field renamed there fails here.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use longhaul_stats_api::{Admission, DeviceIo, Direction, Mode, Protocol, SESSIONS_PATH};
+
+use crate::httpclient::{self, Url};
+use crate::json::{self, Reader};
+
+/// Answers longer than this are refused. The largest real answer, an
+/// engine at its default 16 sessions of 1,024 streams each way (both ends
+/// listed, ~250 bytes each) plus the ended sessions it keeps for a minute,
+/// is a few tens of MiB; reading is streamed, so this bounds the time a
+/// broken engine can take, not memory.
+pub const MAX_BODY: u64 = 64 << 20;
+/// Sessions an answer may list: the engine's largest `--max-sessions`
+/// (4,096) and the 128 ended sessions it keeps.
+pub const MAX_SESSIONS: usize = 4096 + 128;
+/// Stream entries one session may list: 1,024 streams each way
+/// (`--bidir`), both ends of each, twice over.
+pub const MAX_SESSION_STREAMS: usize = 8192;
+/// Stream labels of all sessions together; sessions listed after the
+/// budget is spent get `stream="other"` only. 50 sessions at the
+/// per-session cap of 256 fit.
+pub const MAX_STREAM_LABELS: usize = 16384;
+/// Block devices of all sessions together (disk mode lists the devices a
+/// session reads or writes; a 64-disk server running many sessions).
+pub const MAX_DEVICES: usize = 4096;
+/// Listening ports of the engine (it has two or three).
+pub const MAX_LISTENERS: usize = 16;
+/// Socket address pairs kept for the tcp collector; beyond, the engine's
+/// listening addresses alone tell its sockets (they do for all but a
+/// client on this host that bound another local address).
+pub const MAX_CONNECTIONS: usize = 32768;
+
+/// TCP_INFO of one socket as the exporter uses it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tcp {
+    pub rtt_us: u32,
+    pub cwnd_bytes: u64,
+    pub retransmits: u64,
+    pub segs_out: u64,
+    pub pacing_rate_bps: u64,
+}
+
+/// TCP_INFO of the sending sockets behind a row: sums, and the RTT as a
+/// mean ([`TcpSums::rtt_seconds`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TcpSums {
+    pub retransmits: u64,
+    pub cwnd_bytes: u64,
+    pub segs_out: u64,
+    pub pacing_bytes_per_second: u64,
+    rtt_sum_us: f64,
+    sockets: u32,
+}
+
+impl TcpSums {
+    fn add(&mut self, t: &Tcp) {
+        self.retransmits += t.retransmits;
+        self.cwnd_bytes += t.cwnd_bytes;
+        self.segs_out += t.segs_out;
+        self.pacing_bytes_per_second += t.pacing_rate_bps / 8;
+        self.rtt_sum_us += f64::from(t.rtt_us);
+        self.sockets += 1;
+    }
+
+    pub fn rtt_seconds(&self) -> f64 {
+        self.rtt_sum_us / f64::from(self.sockets.max(1)) / 1e6
+    }
+}
+
+/// Which stream a row is: one id, or the streams beyond the caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamLabel {
+    Id(u32),
+    Other,
+}
+
+/// One row of a session's streams, with what it exports (the series
+/// budget, docs/visibility.md): the bytes delivered, read at the receiving
+/// end (or at the sending end where no receiving end is listed), and the
+/// TCP state of the sending end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamRow {
+    pub stream: StreamLabel,
+    /// Bytes received by the receiving ends of the row's streams.
+    pub received: Option<u64>,
+    /// Bytes sent by the sending ends of the row's streams that have no
+    /// receiving end listed.
+    pub sent_unpaired: Option<u64>,
+    /// The sending ends' TCP_INFO.
+    pub tcp: Option<TcpSums>,
+}
+
+/// One session, as exported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionView {
+    pub id: String,
+    pub peer: String,
+    pub peer_host: Option<String>,
+    pub mode: Mode,
+    pub direction: Direction,
+    pub protocol: Protocol,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Labelled streams in id order, then "other" if any stream is beyond.
+    pub streams: Vec<StreamRow>,
+    pub devices: Vec<DeviceIo>,
+}
+
+/// What a collection needs of one stats API answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineView {
+    pub started_unix: f64,
+    pub sessions_total: u64,
+    pub sessions_failed_total: u64,
+    pub admission: Vec<Admission>,
+    pub sessions: Vec<SessionView>,
+    /// The addresses the engine listens on (IPv4-mapped ones as IPv4).
+    pub listening: Vec<SocketAddr>,
+    /// Every socket the engine lists, as (its end, the remote end).
+    pub connections: HashSet<(SocketAddr, SocketAddr)>,
+}
+
+/// The engine's stats API at `--engine.url`, read with `--engine.timeout`.
+pub struct EngineApi {
+    url: Url,
+    timeout: Duration,
+    max_streams: usize,
+}
+
+impl EngineApi {
+    pub fn new(url: &str, timeout: Duration, max_streams: usize) -> anyhow::Result<EngineApi> {
+        Ok(EngineApi {
+            url: Url::parse(url).map_err(anyhow::Error::msg)?,
+            timeout,
+            max_streams,
+        })
+    }
+
+    /// Reads one answer.
+    pub fn view(&self) -> anyhow::Result<EngineView> {
+        let where_ = || {
+            format!(
+                "engine stats API http://{}:{}{}{SESSIONS_PATH}",
+                self.url.host, self.url.port, self.url.prefix
+            )
+        };
+        let body = httpclient::open(&self.url, SESSIONS_PATH, self.timeout).with_context(where_)?;
+        read(body, self.max_streams)
+            .map_err(|e| match e {
+                json::Error::Io(io) if httpclient::timed_out(&io) => {
+                    anyhow::anyhow!("no complete answer within {:?}", self.timeout)
+                }
+                e => anyhow::Error::new(e)
+                    .context("engine stats API answered something that is not a v1 snapshot"),
+            })
+            .with_context(where_)
+    }
+}
+
+/// Whether a failed [`EngineApi::view`] found no engine at all: its
+/// address refused the connection (nothing listens there), as opposed to an
+/// engine that is slow, hung or answered something else.
+pub fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let io = match c.downcast_ref::<ureq::Error>() {
+            Some(ureq::Error::Io(io)) => Some(io),
+            _ => c.downcast_ref::<std::io::Error>(),
+        };
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
+/// Reads a whole answer from `src`; `max_streams` stream labels per session.
+pub fn read<R: Read>(src: R, max_streams: usize) -> json::Result<EngineView> {
+    let mut r = Reader::new(src, MAX_BODY);
+    let mut walk = Walk {
+        view: EngineView::default(),
+        labels_left: MAX_STREAM_LABELS,
+        max_streams,
+        devices: 0,
+        entries: Vec::new(),
+    };
+    let mut version = None;
+    let mut sessions = false;
+    let mut o = r.begin_object()?;
+    while let Some(k) = o.key(&mut r)? {
+        match k.as_str() {
+            "version" => version = Some(r.u64()?),
+            "engine" => walk.engine(&mut r)?,
+            "sessions" => {
+                walk.sessions(&mut r)?;
+                sessions = true;
+            }
+            _ => r.skip()?,
+        }
+    }
+    r.finish()?;
+    if version != Some(u64::from(longhaul_stats_api::API_VERSION)) || !sessions {
+        return r.error(format!(
+            "a version {} snapshot with its sessions expected",
+            longhaul_stats_api::API_VERSION
+        ));
+    }
+    Ok(walk.view)
+}
+
+/// One stream entry of the session being read.
+#[derive(Clone, Copy)]
+struct Entry {
+    id: u32,
+    send: bool,
+    bytes: u64,
+    tcp: Option<Tcp>,
+}
+
+struct Walk {
+    view: EngineView,
+    labels_left: usize,
+    max_streams: usize,
+    devices: usize,
+    /// The current session's stream entries (reused).
+    entries: Vec<Entry>,
+}
+
+fn too_many<T, R: Read>(r: &Reader<R>, what: &str, limit: usize) -> json::Result<T> {
+    r.error(format!("more than {limit} {what}"))
+}
+
+/// `text` as a socket address, an IPv4-mapped IPv6 one as IPv4 (an engine
+/// on `[::]` lists `[::ffff:10.0.0.1]:7400`, sock_diag the same socket as
+/// `10.0.0.1:7400`).
+pub fn address(text: &str) -> Option<SocketAddr> {
+    let a: SocketAddr = text.parse().ok()?;
+    Some(SocketAddr::new(a.ip().to_canonical(), a.port()))
+}
+
+fn opt_string<R: Read>(r: &mut Reader<R>) -> json::Result<Option<String>> {
+    if r.null()? {
+        return Ok(None);
+    }
+    Ok(Some(r.string()?.to_string()))
+}
+
+fn direction<R: Read>(r: &mut Reader<R>) -> json::Result<Direction> {
+    let d = match r.raw_string()? {
+        b"send" => Some(Direction::Send),
+        b"receive" => Some(Direction::Receive),
+        b"bidir" => Some(Direction::Bidir),
+        _ => None,
+    };
+    d.map_or_else(|| r.error("an unknown direction"), Ok)
+}
+
+impl Walk {
+    fn engine<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<()> {
+        let mut o = r.begin_object()?;
+        while let Some(k) = o.key(r)? {
+            match k.as_str() {
+                "started_unix" => self.view.started_unix = r.f64()?,
+                "sessions_total" => self.view.sessions_total = r.u64()?,
+                "sessions_failed_total" => self.view.sessions_failed_total = r.u64()?,
+                "admission" => {
+                    let mut a = r.begin_array()?;
+                    while a.next(r)? {
+                        if self.view.admission.len() == MAX_LISTENERS {
+                            return too_many(r, "listeners", MAX_LISTENERS);
+                        }
+                        let adm = admission(r)?;
+                        if let Some(addr) = adm.address.as_deref().and_then(address) {
+                            self.view.listening.push(addr);
+                        }
+                        self.view.admission.push(adm);
+                    }
+                }
+                _ => r.skip()?,
+            }
+        }
+        Ok(())
+    }
+
+    fn sessions<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<()> {
+        let mut a = r.begin_array()?;
+        while a.next(r)? {
+            if self.view.sessions.len() == MAX_SESSIONS {
+                return too_many(r, "sessions", MAX_SESSIONS);
+            }
+            let s = self.session(r)?;
+            self.view.sessions.push(s);
+        }
+        Ok(())
+    }
+
+    fn connection(&mut self, local: Option<&str>, peer: Option<&str>) {
+        if self.view.connections.len() >= MAX_CONNECTIONS {
+            return;
+        }
+        if let (Some(l), Some(p)) = (local.and_then(address), peer.and_then(address)) {
+            self.view.connections.insert((l, p));
+        }
+    }
+
+    fn session<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<SessionView> {
+        let (mut id, mut peer, mut peer_host, mut local) = (None, None, None, None);
+        let (mut mode, mut dir, mut protocol) = (None, None, Protocol::Longhaul);
+        let (mut sent, mut received) = (0, 0);
+        let mut devices = Vec::new();
+        let mut streams = false;
+        self.entries.clear();
+        let mut o = r.begin_object()?;
+        while let Some(k) = o.key(r)? {
+            match k.as_str() {
+                "id" => id = Some(r.string()?.to_string()),
+                "peer" => peer = Some(r.string()?.to_string()),
+                "peer_host" => peer_host = opt_string(r)?,
+                "local" => local = opt_string(r)?,
+                "protocol" => {
+                    protocol = match r.raw_string()? {
+                        b"longhaul" => Some(Protocol::Longhaul),
+                        b"iperf3" => Some(Protocol::Iperf3),
+                        _ => None,
+                    }
+                    .map_or_else(|| r.error("an unknown protocol"), Ok)?
+                }
+                "mode" => {
+                    let m = match r.raw_string()? {
+                        b"memory" => Some(Mode::Memory),
+                        b"disk" => Some(Mode::Disk),
+                        _ => None,
+                    };
+                    mode = Some(m.map_or_else(|| r.error("an unknown mode"), Ok)?);
+                }
+                "direction" => dir = Some(direction(r)?),
+                "bytes_sent" => sent = r.u64()?,
+                "bytes_received" => received = r.u64()?,
+                "streams" => {
+                    self.streams(r)?;
+                    streams = true;
+                }
+                "devices" => {
+                    let mut a = r.begin_array()?;
+                    while a.next(r)? {
+                        if self.devices == MAX_DEVICES {
+                            return too_many(r, "devices", MAX_DEVICES);
+                        }
+                        self.devices += 1;
+                        devices.push(device(r)?);
+                    }
+                }
+                _ => r.skip()?,
+            }
+        }
+        let (Some(id), Some(peer), Some(mode), Some(direction), true) =
+            (id, peer, mode, dir, streams)
+        else {
+            return r.error("a session without id, peer, mode, direction or streams");
+        };
+        self.connection(local.as_deref(), Some(&peer));
+        let cap = self.max_streams.min(self.labels_left);
+        let rows = fold(&mut self.entries, cap);
+        self.labels_left -= rows
+            .iter()
+            .filter(|r| matches!(r.stream, StreamLabel::Id(_)))
+            .count();
+        Ok(SessionView {
+            id,
+            peer,
+            peer_host,
+            mode,
+            direction,
+            protocol,
+            bytes_sent: sent,
+            bytes_received: received,
+            streams: rows,
+            devices,
+        })
+    }
+
+    fn streams<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<()> {
+        let mut a = r.begin_array()?;
+        while a.next(r)? {
+            if self.entries.len() == MAX_SESSION_STREAMS {
+                return too_many(r, "streams in a session", MAX_SESSION_STREAMS);
+            }
+            let (mut id, mut dir, mut bytes, mut tcp) = (None, None, None, None);
+            let (mut local, mut peer) = (None, None);
+            let mut o = r.begin_object()?;
+            while let Some(k) = o.key(r)? {
+                match k.as_str() {
+                    "id" => id = Some(r.u32()?),
+                    "direction" => dir = Some(direction(r)?),
+                    "bytes" => bytes = Some(r.u64()?),
+                    "tcp" => tcp = tcp_info(r)?,
+                    // Only this engine's own ends carry addresses.
+                    "local" => local = opt_address(r)?,
+                    "peer" => peer = opt_address(r)?,
+                    _ => r.skip()?,
+                }
+            }
+            let (Some(id), Some(dir), Some(bytes)) = (id, dir, bytes) else {
+                return r.error("a stream without id, direction or bytes");
+            };
+            if let (Some(l), Some(p)) = (local, peer) {
+                if self.view.connections.len() < MAX_CONNECTIONS {
+                    self.view.connections.insert((l, p));
+                }
+            }
+            match dir {
+                Direction::Send | Direction::Receive => self.entries.push(Entry {
+                    id,
+                    send: dir == Direction::Send,
+                    bytes,
+                    tcp,
+                }),
+                // A data connection carries one direction; nothing to fold.
+                Direction::Bidir => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn opt_address<R: Read>(r: &mut Reader<R>) -> json::Result<Option<SocketAddr>> {
+    if r.null()? {
+        return Ok(None);
+    }
+    Ok(address(r.string()?))
+}
+
+fn admission<R: Read>(r: &mut Reader<R>) -> json::Result<Admission> {
+    let mut a = Admission::default();
+    let mut listener = None;
+    let mut o = r.begin_object()?;
+    while let Some(k) = o.key(r)? {
+        match k.as_str() {
+            "listener" => listener = Some(r.string()?.to_string()),
+            "address" => a.address = opt_string(r)?,
+            "accepted" => a.accepted = r.u64()?,
+            "admitted" => a.admitted = r.u64()?,
+            "evicted" => a.evicted = r.u64()?,
+            "expired" => a.expired = r.u64()?,
+            "garbage" => a.garbage = r.u64()?,
+            _ => r.skip()?,
+        }
+    }
+    a.listener = match listener {
+        Some(l) => l,
+        None => return r.error("an admission entry without its listener"),
+    };
+    Ok(a)
+}
+
+fn device<R: Read>(r: &mut Reader<R>) -> json::Result<DeviceIo> {
+    let (mut device, mut controller) = (None, None);
+    let (mut read, mut written) = (0, 0);
+    let mut o = r.begin_object()?;
+    while let Some(k) = o.key(r)? {
+        match k.as_str() {
+            "device" => device = Some(r.string()?.to_string()),
+            "controller" => controller = Some(r.string()?.to_string()),
+            "read_bytes" => read = r.u64()?,
+            "written_bytes" => written = r.u64()?,
+            _ => r.skip()?,
+        }
+    }
+    match (device, controller) {
+        (Some(device), Some(controller)) => Ok(DeviceIo {
+            device,
+            controller,
+            read_bytes: read,
+            written_bytes: written,
+        }),
+        _ => r.error("a device without its name or controller"),
+    }
+}
+
+fn tcp_info<R: Read>(r: &mut Reader<R>) -> json::Result<Option<Tcp>> {
+    if r.null()? {
+        return Ok(None);
+    }
+    let mut t = Tcp::default();
+    let mut o = r.begin_object()?;
+    while let Some(k) = o.key(r)? {
+        match k.as_str() {
+            "rtt_us" => t.rtt_us = r.u32()?,
+            "cwnd_bytes" => t.cwnd_bytes = r.u64()?,
+            "retransmits" => t.retransmits = r.u64()?,
+            "segs_out" => t.segs_out = r.u64()?,
+            "pacing_rate_bps" => t.pacing_rate_bps = r.u64()?,
+            _ => r.skip()?,
+        }
+    }
+    Ok(Some(t))
+}
+
+/// A session's stream entries as rows: the `cap` lowest stream ids each a
+/// row of their own, the rest folded into one "other" row. Each row counts
+/// the bytes its receiving ends received (a stream with no receiving end
+/// listed, such as a reverse iperf3 test's, counts its sending end's) and
+/// sums the TCP_INFO of its sending ends.
+fn fold(entries: &mut [Entry], cap: usize) -> Vec<StreamRow> {
+    entries.sort_unstable_by_key(|e| (e.id, e.send));
+    let mut rows = Vec::new();
+    let mut other = StreamRow {
+        stream: StreamLabel::Other,
+        received: None,
+        sent_unpaired: None,
+        tcp: None,
+    };
+    let mut labelled = 0;
+    let mut i = 0;
+    while i < entries.len() {
+        let id = entries[i].id;
+        let mut j = i;
+        while j < entries.len() && entries[j].id == id {
+            j += 1;
+        }
+        let ends = &entries[i..j];
+        i = j;
+        let row = if labelled < cap {
+            labelled += 1;
+            rows.push(StreamRow {
+                stream: StreamLabel::Id(id),
+                received: None,
+                sent_unpaired: None,
+                tcp: None,
+            });
+            rows.last_mut().expect("just pushed")
+        } else {
+            &mut other
+        };
+        let receiving = ends.iter().any(|e| !e.send);
+        for e in ends {
+            if !e.send {
+                *row.received.get_or_insert(0) += e.bytes;
+            } else {
+                if !receiving {
+                    *row.sent_unpaired.get_or_insert(0) += e.bytes;
+                }
+                if let Some(t) = &e.tcp {
+                    row.tcp.get_or_insert_with(TcpSums::default).add(t);
+                }
+            }
+        }
+    }
+    if other.received.is_some() || other.sent_unpaired.is_some() || other.tcp.is_some() {
+        rows.push(other);
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use longhaul_stats_api::{EngineInfo, Session, Snapshot, State, Stream, TcpInfo};
+
+    fn stream(id: u32, direction: Direction, peer_end: bool) -> Stream {
+        Stream {
+            id,
+            direction,
+            bytes: 100 + u64::from(id),
+            local: (!peer_end).then(|| "10.0.0.1:7400".to_string()),
+            peer: (!peer_end).then(|| format!("10.0.0.2:{}", 40001 + id)),
+            tcp: Some(TcpInfo {
+                rtt_us: 1000 * (id + 1),
+                rttvar_us: 7,
+                cwnd_bytes: 100,
+                retransmits: 1,
+                pacing_rate_bps: 8000,
+                delivery_rate_bps: 9,
+                bytes_acked: 11,
+                segs_out: 13,
+            }),
+            peer_end,
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        let mut streams: Vec<Stream> = (0..4)
+            .map(|id| stream(id, Direction::Receive, false))
+            .collect();
+        streams.extend((0..4).map(|id| stream(id, Direction::Send, true)));
+        Snapshot {
+            version: 1,
+            engine: EngineInfo {
+                version: "0.1.0".into(),
+                pid: 7,
+                started_unix: 1.5,
+                sessions_total: 3,
+                sessions_failed_total: 1,
+                admission: vec![Admission {
+                    listener: "longhaul".into(),
+                    address: Some("[::ffff:10.0.0.1]:7400".into()),
+                    accepted: 5,
+                    admitted: 4,
+                    evicted: 3,
+                    expired: 2,
+                    garbage: 1,
+                }],
+            },
+            sessions: vec![Session {
+                id: "s\"1".into(),
+                peer: "10.0.0.2:40000".into(),
+                peer_host: Some("xfer-a".into()),
+                protocol: Protocol::Iperf3,
+                local: Some("10.0.0.1:7400".into()),
+                mode: Mode::Disk,
+                direction: Direction::Receive,
+                state: State::Running,
+                started_unix: 2.0,
+                bytes_sent: 0,
+                bytes_received: 1000,
+                streams,
+                devices: vec![DeviceIo {
+                    device: "sdc".into(),
+                    controller: "0000:03:00.0".into(),
+                    read_bytes: 0,
+                    written_bytes: 1000,
+                }],
+            }],
+        }
+    }
+
+    /// The walk reads what serde writes from the wire types: a field
+    /// renamed in longhaul-stats-api fails here.
+    #[test]
+    fn a_serialised_snapshot_reads_as_the_wire_types_say() {
+        let snap = snapshot();
+        let text = serde_json::to_vec_pretty(&snap).unwrap();
+        let view = read(&text[..], 3).unwrap();
+        assert_eq!(view.started_unix, 1.5);
+        assert_eq!((view.sessions_total, view.sessions_failed_total), (3, 1));
+        assert_eq!(view.admission, snap.engine.admission);
+        assert_eq!(view.listening, ["10.0.0.1:7400".parse().unwrap()]);
+        let s = &view.sessions[0];
+        let want = &snap.sessions[0];
+        assert_eq!(
+            (
+                &s.id,
+                &s.peer,
+                &s.peer_host,
+                s.mode,
+                s.direction,
+                s.protocol
+            ),
+            (
+                &want.id,
+                &want.peer,
+                &want.peer_host,
+                want.mode,
+                want.direction,
+                want.protocol
+            )
+        );
+        assert_eq!((s.bytes_sent, s.bytes_received), (0, 1000));
+        assert_eq!(s.devices, want.devices);
+        // Three stream labels and "other": each row's bytes from its
+        // receiving end, its TCP state from its sending end.
+        let labels: Vec<StreamLabel> = s.streams.iter().map(|r| r.stream).collect();
+        use StreamLabel::*;
+        assert_eq!(labels, [Id(0), Id(1), Id(2), Other]);
+        assert_eq!(s.streams[1].received, Some(101));
+        assert_eq!(s.streams[1].sent_unpaired, None);
+        let tcp = s.streams[1].tcp.unwrap();
+        assert_eq!(
+            (tcp.retransmits, tcp.cwnd_bytes, tcp.segs_out),
+            (1, 100, 13)
+        );
+        assert_eq!(tcp.pacing_bytes_per_second, 1000);
+        assert!((tcp.rtt_seconds() - 0.002).abs() < 1e-12);
+        assert_eq!(s.streams[3].received, Some(103));
+        // The control connection and each of the engine's own stream sockets.
+        assert_eq!(view.connections.len(), 5);
+        assert!(view.connections.contains(&(
+            "10.0.0.1:7400".parse().unwrap(),
+            "10.0.0.2:40003".parse().unwrap()
+        )));
+    }
+
+    #[test]
+    fn a_stream_without_a_receiving_end_counts_its_sending_end() {
+        let mut snap = snapshot();
+        // A reverse iperf3 test: only the server's sending sockets.
+        snap.sessions[0].streams = (0..3)
+            .map(|id| stream(id, Direction::Send, false))
+            .collect();
+        let text = serde_json::to_vec(&snap).unwrap();
+        let view = read(&text[..], 1).unwrap();
+        let rows = &view.sessions[0].streams;
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].received, rows[0].sent_unpaired), (None, Some(100)));
+        assert_eq!(rows[1].sent_unpaired, Some(101 + 102));
+        assert!((rows[1].tcp.unwrap().rtt_seconds() - 0.0025).abs() < 1e-12);
+    }
+
+    #[test]
+    fn stream_labels_are_budgeted_across_sessions() {
+        let mut snap = snapshot();
+        let one = snap.sessions[0].clone();
+        let per = 4;
+        let sessions = MAX_STREAM_LABELS / per + 2;
+        snap.sessions = (0..sessions)
+            .map(|i| Session {
+                id: format!("s{i}"),
+                devices: Vec::new(),
+                ..one.clone()
+            })
+            .collect();
+        let text = serde_json::to_vec(&snap).unwrap();
+        let view = read(&text[..], 256).unwrap();
+        let labelled: usize = view
+            .sessions
+            .iter()
+            .flat_map(|s| &s.streams)
+            .filter(|r| matches!(r.stream, StreamLabel::Id(_)))
+            .count();
+        assert_eq!(labelled, MAX_STREAM_LABELS);
+        let last = &view.sessions[sessions - 1].streams;
+        assert_eq!(last.len(), 1, "only other: {last:?}");
+        assert_eq!(last[0].received, Some(100 + 101 + 102 + 103));
+    }
+
+    /// No engine on the port is told from one that does not answer well:
+    /// the tcp collector stops leaving the engine's ports to it only then.
+    #[test]
+    fn a_refused_connection_is_told_from_other_failures() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let api = |addr: SocketAddr| {
+            EngineApi::new(&format!("http://{addr}"), Duration::from_millis(500), 256).unwrap()
+        };
+        let e = api(closed).view().unwrap_err();
+        assert!(refused(&e), "{e:#}");
+        // Something listens but never answers: a timeout, not a refusal.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = api(silent.local_addr().unwrap()).view().unwrap_err();
+        assert!(!refused(&e), "{e:#}");
+        assert!(format!("{e:#}").contains("within"), "{e:#}");
+    }
+
+    /// An engine on [::] lists IPv4 peers as mapped addresses; an older
+    /// engine lists none, and garbage is skipped.
+    #[test]
+    fn connections_are_read_as_sock_diag_shows_them() {
+        let mut snap = snapshot();
+        snap.sessions[0].local = Some("[::ffff:10.0.0.1]:7400".into());
+        snap.sessions[0].streams[1].peer = Some("[::ffff:10.0.0.2]:40009".into());
+        snap.sessions[0].streams[2].peer = Some("not an address".into());
+        let text = serde_json::to_vec(&snap).unwrap();
+        let found = read(&text[..], 256).unwrap().connections;
+        let pair = |l: &str, r: &str| (l.parse().unwrap(), r.parse().unwrap());
+        assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40000")));
+        assert!(found.contains(&pair("10.0.0.1:7400", "10.0.0.2:40009")));
+        assert_eq!(found.len(), 4, "{found:?}");
+        snap.sessions[0].local = None;
+        for st in &mut snap.sessions[0].streams {
+            st.local = None;
+        }
+        let text = serde_json::to_vec(&snap).unwrap();
+        assert!(read(&text[..], 256).unwrap().connections.is_empty());
+    }
+
+    #[test]
+    fn answers_beyond_the_limits_are_refused() {
+        let mut snap = snapshot();
+        snap.sessions[0].streams = (0..MAX_SESSION_STREAMS as u32 + 1)
+            .map(|id| Stream {
+                tcp: None,
+                local: None,
+                peer: None,
+                ..stream(id, Direction::Receive, false)
+            })
+            .collect();
+        let text = serde_json::to_vec(&snap).unwrap();
+        let e = read(&text[..], 256).unwrap_err().to_string();
+        assert!(e.contains("more than 8192 streams"), "{e}");
+        for (doc, needle) in [
+            (r#"{"version":2,"engine":{},"sessions":[]}"#, "version 1"),
+            (r#"{"version":1,"engine":{}}"#, "version 1"),
+            (
+                r#"{"version":1,"sessions":[{"id":"x","peer":"p","mode":"tape","direction":"send","streams":[]}]}"#,
+                "unknown mode",
+            ),
+            (
+                r#"{"version":1,"sessions":[{"id":"x","mode":"memory","direction":"send","streams":[]}]}"#,
+                "without id, peer",
+            ),
+        ] {
+            let e = read(doc.as_bytes(), 256).unwrap_err().to_string();
+            assert!(e.contains(needle), "{doc}: {e}");
+        }
+    }
+}
