@@ -320,3 +320,191 @@ def test_longhaul_stream_counters_grow(procs):
             break
         time.sleep(0.5)
     assert (series(third, "longhaul_sessions_total")[()], failed) == (2.0, 1.0), "".join(log)
+
+
+def start_engine(procs):
+    """`longhaul serve` on free loopback ports: (data port, stats port)."""
+    need(LONGHAUL)
+    port, stats = free_port(), free_port()
+    procs.start(
+        [LONGHAUL, "serve", "--listen", f"127.0.0.1:{port}", "--stats-listen", f"127.0.0.1:{stats}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_port(port)
+    wait_port(stats)
+    return port, stats
+
+
+def start_transfer(procs, port, streams, seconds):
+    # Rate-limited: the point is many streams, not a busy CPU.
+    return procs.start(
+        [LONGHAUL, "send", "--to", f"127.0.0.1:{port}", "--streams", str(streams),
+         "--rate", "400M", "--time", str(seconds)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_streams(addr, want, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(addr)
+        bytes_ = series(samples, "longhaul_stream_bytes_total")
+        if len({dict(k)["stream"] for k in bytes_}) >= want:
+            return samples
+        assert time.monotonic() < deadline, f"fewer than {want} streams listed: {sorted(bytes_)[:5]}"
+        time.sleep(0.3)
+
+
+def test_a_100_stream_session_exports_at_most_6_series_per_stream_and_3_per_session(procs):
+    # Issue 45's series budget: a stream exports the bytes it delivered (at
+    # its receiving end) and its sending end's TCP state, once; a session
+    # its info and its bytes each way. Before, 14 per stream.
+    port, stats = start_engine(procs)
+    addr, log = start_exporter(procs, f"--engine.url=http://127.0.0.1:{stats}", "--no-collector.raid")
+    sender = start_transfer(procs, port, 100, 6)
+    samples = wait_for_streams(addr, 100)
+    # Counters of the sending ends are reported once a second: wait for them.
+    deadline = time.monotonic() + 15
+    while len(series(samples, "longhaul_stream_rtt_seconds")) < 100:
+        assert time.monotonic() < deadline, "".join(log)
+        time.sleep(0.3)
+        samples = scrape(addr)
+    _, err = sender.communicate(timeout=60)
+    assert sender.returncode == 0, err
+    [session] = {dict(k)["session"] for k in series(samples, "longhaul_session_info")}
+    per_stream, per_session = {}, []
+    for name, labels, _ in samples:
+        if labels.get("session") != session or name == "longhaul_device_io_bytes_total":
+            continue
+        if "stream" in labels:
+            per_stream.setdefault(labels["stream"], []).append((name, labels.get("direction")))
+        else:
+            per_session.append(name)
+    assert len(per_stream) == 100, sorted(per_stream)
+    worst = max(per_stream.values(), key=len)
+    assert len(worst) <= 6, worst
+    assert len(per_session) <= 3, per_session
+    # What each stream carries: delivered bytes at the receiving end, TCP
+    # state at the sending end, nothing twice.
+    assert sorted(worst) == sorted(
+        [("longhaul_stream_bytes_total", "receive")]
+        + [(n, "send") for n in (
+            "longhaul_stream_rtt_seconds",
+            "longhaul_stream_cwnd_bytes",
+            "longhaul_stream_retransmits_total",
+            "longhaul_stream_segments_sent_total",
+            "longhaul_stream_pacing_rate_bytes_per_second",
+        )]
+    ), worst
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def get_from(source, addr, headers, timeout=15.0):
+    """GET /metrics from a chosen source address: (status, body)."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout, source_address=(source, 0)) as s:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{head}Connection: close\r\n\r\n".encode())
+        chunks = []
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.1",
+    "X-Prometheus-Scrape-Timeout-Seconds": "10",
+}
+# Seconds per phase of the flood test (issue 40 asks for 60; CI runs
+# shorter phases, which show the same as long as the distinguished scraper
+# gets several scrapes in each).
+FLOOD_PHASE = float(os.environ.get("LONGHAUL_FLOOD_PHASE", "8"))
+RSS_BUDGET_KIB = 30 * 1024
+
+
+def test_a_flood_of_scrapers_from_one_source_leaves_prometheus_answered_within_30_mib(procs):
+    # Issue 40: with 4, 8 and 32 clients scraping in a loop from one
+    # address during a 100-stream transfer, a scraper at another address
+    # (127.0.0.2, as Prometheus would be) gets every scrape, and the
+    # exporter stays within its 30 MiB. Before, 12 of 15 Prometheus scrapes
+    # got 503 with 4 such clients, 14-15 with 8 or 32.
+    port, stats = start_engine(procs)
+    addr, log = start_exporter(procs, f"--engine.url=http://127.0.0.1:{stats}", "--no-collector.raid")
+    exporter = procs.procs[-1]
+    sender = start_transfer(procs, port, 100, int(3 * FLOOD_PHASE + 30))
+    wait_for_streams(addr, 100)
+
+    stop = threading.Event()
+    flood_answers = {}
+    lock = threading.Lock()
+
+    def flood():
+        while not stop.is_set():
+            try:
+                status, _ = get_from("127.0.0.1", addr, {})
+            except OSError as e:
+                status = type(e).__name__
+            with lock:
+                flood_answers[status] = flood_answers.get(status, 0) + 1
+
+    peak = [0]
+
+    def watch_rss():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_kib(exporter.pid)[0])
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch_rss, daemon=True)
+    watcher.start()
+    threads = []
+    failures, answered = [], 0
+    try:
+        for clients in (4, 8, 32):
+            while len(threads) < clients:
+                t = threading.Thread(target=flood, daemon=True)
+                t.start()
+                threads.append(t)
+            end = time.monotonic() + FLOOD_PHASE
+            while time.monotonic() < end:
+                started = time.monotonic()
+                try:
+                    status, body = get_from("127.0.0.2", addr, PROMETHEUS_HEADERS)
+                except OSError as e:
+                    status, body = type(e).__name__, b""
+                text = body.decode(errors="replace")
+                ok = (
+                    status == 200
+                    and text.endswith("# EOF\n")
+                    and 'longhaul_exporter_collector_success{collector="engine"} 1' in text
+                    and text.count("longhaul_stream_bytes_total{") >= 100
+                )
+                if ok:
+                    answered += 1
+                else:
+                    failures.append((clients, status, text[:200]))
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=20)
+        watcher.join(timeout=5)
+    hwm = rss_kib(exporter.pid)[1]
+    sender.kill()
+    assert not failures, f"{len(failures)} of {len(failures) + answered} distinguished scrapes failed: {failures[:5]}"
+    assert answered >= 3 * int(FLOOD_PHASE) - 3, answered
+    # The flood was real: its clients were answered, and turned away.
+    assert flood_answers.get(200, 0) > 10 and flood_answers.get(503, 0) > 10, flood_answers
+    assert peak[0] < RSS_BUDGET_KIB and hwm < RSS_BUDGET_KIB, (peak[0], hwm, "".join(log[-5:]))

@@ -198,3 +198,128 @@ fn responses_nobody_reads_are_bounded_in_bytes() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Sends `raw` from `source` (a loopback address) and reads the answer.
+fn exchange_from(server: &Server, source: &str, raw: &[u8]) -> String {
+    let from = std::net::SocketAddr::new(source.parse().unwrap(), 0);
+    let mut s = connect_from(from, server.local_addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(raw).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// std has no bind-then-connect.
+fn connect_from(
+    from: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let addr = |a: std::net::SocketAddr| {
+        let std::net::SocketAddr::V4(v4) = a else {
+            panic!("IPv4 only")
+        };
+        libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        }
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket we own, bound and connected with valid addresses.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = TcpStream::from_raw_fd(fd);
+        let (f, t) = (addr(from), addr(to));
+        if libc::bind(fd, &f as *const _ as *const libc::sockaddr, len) != 0
+            || libc::connect(fd, &t as *const _ as *const libc::sockaddr, len) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+/// One source sending more requests at once than its share gets 503 for
+/// the rest, and another source is still answered: a flood from one
+/// address cannot take every handler (issue 40). Before, the flood's
+/// requests took all four and the other source got 503.
+#[test]
+fn one_source_cannot_take_every_handler() {
+    let limits = Limits {
+        max_in_flight: 4,
+        max_in_flight_per_source: 2,
+        ..Limits::default()
+    };
+    let server = Arc::new(start(limits, echo()));
+    let flood: Vec<_> = (0..4)
+        .map(|_| {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || {
+                exchange_from(&server, "127.0.0.1", b"GET /slow HTTP/1.1\r\n\r\n")
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let other = exchange_from(&server, "127.0.0.2", b"GET /slow HTTP/1.1\r\n\r\n");
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    let mut statuses: Vec<String> = flood
+        .into_iter()
+        .map(|t| t.join().unwrap()[..12].to_string())
+        .collect();
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 503",
+            "HTTP/1.1 503"
+        ]
+    );
+}
+
+/// Clients of one source that ask for big answers and read nothing hold
+/// at most their source's share of the response budget: a big answer to
+/// another source still goes out.
+#[test]
+fn one_source_cannot_hold_every_response_byte() {
+    const BIG: usize = 12 << 20;
+    let limits = Limits {
+        max_response_bytes: 4 * BIG,
+        max_response_bytes_per_source: 2 * BIG,
+        ..Limits::default()
+    };
+    let handler: Handler =
+        Arc::new(|_| Response::new(200, "application/octet-stream", vec![b'x'; BIG]));
+    let server = start(limits, handler);
+    let silent: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.local_addr()).unwrap();
+            s.write_all(b"GET /big HTTP/1.1\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let same = exchange_from(&server, "127.0.0.1", b"GET /big HTTP/1.1\r\n\r\n");
+    assert!(
+        same.starts_with("HTTP/1.1 503"),
+        "{}",
+        &same[..same.len().min(200)]
+    );
+    let other = exchange_from(&server, "127.0.0.2", b"GET /big HTTP/1.1\r\n\r\n");
+    assert!(
+        other.starts_with("HTTP/1.1 200"),
+        "{}",
+        &other[..other.len().min(200)]
+    );
+    assert!(other.len() > BIG);
+    drop(silent);
+}

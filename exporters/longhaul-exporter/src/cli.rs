@@ -25,8 +25,8 @@ struct Flags {
     /// picks a free port, printed at startup)
     #[arg(long = "web.listen-address", value_name = "ADDR", value_parser = listen_address)]
     listen_address: Option<String>,
-    /// Requests in flight before answering 503, a quarter of them per
-    /// source (default 8)
+    /// Requests in flight before answering 503, half of them per source
+    /// (default 8)
     #[arg(long = "web.max-requests", value_name = "N", value_parser = count)]
     max_requests: Option<usize>,
     /// procfs mount point (default /proc)

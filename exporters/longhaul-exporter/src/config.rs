@@ -16,9 +16,9 @@ pub const DEFAULT_TCP_PORTS: &str = "7400-7499";
 /// Prometheus scrapes one target once per interval; more than a handful
 /// in flight means something is wrong (stuck collectors, a scrape storm),
 /// so refuse more with 503 instead of piling up threads. Scrapes in flight
-/// share one collection, so each costs a waiting thread; one source gets a
-/// quarter of them (http.rs), so 8 leave room for a Prometheus pair and a
-/// person while a stranger floods.
+/// share one collection, so each costs a waiting thread; one source gets
+/// half of them (http.rs), so a stranger who floods leaves 4 to Prometheus
+/// (a pair) and people.
 pub const DEFAULT_MAX_REQUESTS: usize = 8;
 /// A hung engine must not hold a scrape: Prometheus' default scrape timeout
 /// is 10 s, so 2 s for connect+read leaves room for the other collectors.

@@ -15,18 +15,31 @@
 //!   is a *slot*, "0", "1", ..., reused when a connection ends, and capped in
 //!   total (`--collector.tcp.max-flows`); connections without a slot are
 //!   summed (cwnd, pacing) or averaged (RTT) into flow="other";
-//! - more than [`MAX_REMOTES`] peers share remote="other"; a group with no
-//!   connection for [`IDLE_EVICTION`] is forgotten.
+//! - at most [`MAX_REMOTES`] peers have a `remote` label of their own, and
+//!   one source (an IPv4 address or an IPv6 /64, as
+//!   [`longhaul_admission::SourceKey`] counts them) at most
+//!   [`SOURCE_SHARE`] of them; the rest share remote="other". A peer's label
+//!   is free as soon as it has no connection: a new peer that needs a label
+//!   when none is left takes the one idle longest (its series go), so short
+//!   connections of strangers cannot hold the labels that real flows need.
+//!   A label nobody needs stays, and goes after [`IDLE_EVICTION`] without a
+//!   connection.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
+
+use longhaul_admission::SourceKey;
 
 use crate::metrics::Family;
 use crate::sock_diag::TcpInfo;
 
 /// Distinct peers with their own `remote` label; the rest share "other".
 pub const MAX_REMOTES: usize = 256;
+/// `remote` labels one source may hold: an eighth, so a host with a whole
+/// IPv6 /64 to open connections from cannot take the labels other peers'
+/// flows need.
+pub const SOURCE_SHARE: usize = MAX_REMOTES / 8;
 /// A group without connections this long is dropped with its series.
 pub const IDLE_EVICTION: Duration = Duration::from_secs(3600);
 /// Label value of what is beyond a cap.
@@ -132,12 +145,8 @@ impl FlowBook {
     /// lowest free slot while the cap allows.
     pub fn update(&mut self, observed: Vec<Observed>, now: Instant) {
         let mut seen: BTreeMap<GroupKey, BTreeMap<FlowKey, TcpInfo>> = BTreeMap::new();
-        let mut remotes: BTreeSet<String> = self
-            .groups
-            .keys()
-            .map(|k| k.remote.clone())
-            .filter(|r| r != OTHER)
-            .collect();
+        let connected: BTreeSet<String> = observed.iter().map(|o| o.group.remote.clone()).collect();
+        let mut labels = Labels::of(&self.groups);
         for o in observed {
             let other = GroupKey {
                 remote: OTHER.into(),
@@ -148,14 +157,12 @@ impl FlowBook {
                 .groups
                 .get(&other)
                 .is_some_and(|g| g.flows.contains_key(&o.flow));
-            let group = if !counted_in_other
-                && (remotes.contains(&o.group.remote) || remotes.len() < MAX_REMOTES)
-            {
-                remotes.insert(o.group.remote.clone());
-                o.group
-            } else {
-                other
-            };
+            let group =
+                if !counted_in_other && self.label(&o.group.remote, &mut labels, &connected, now) {
+                    o.group
+                } else {
+                    other
+                };
             seen.entry(group).or_default().insert(o.flow, o.info);
         }
         // Ended connections first, so their slots are free for new ones.
@@ -217,6 +224,49 @@ impl FlowBook {
             g.idle_since
                 .is_none_or(|since| now.duration_since(since) < IDLE_EVICTION)
         });
+    }
+
+    /// Whether `remote` has, or now gets, a label of its own: within the
+    /// total and its source's share, or in place of a peer without
+    /// connections (its source's own first when the share is spent, else
+    /// the one idle longest), whose groups go.
+    fn label(
+        &mut self,
+        remote: &str,
+        labels: &mut Labels,
+        connected: &BTreeSet<String>,
+        now: Instant,
+    ) -> bool {
+        if labels.by_remote.contains_key(remote) {
+            return true;
+        }
+        let Some(source) = source_of(remote) else {
+            return false;
+        };
+        let full = labels.of_source(source) >= SOURCE_SHARE;
+        if full || labels.by_remote.len() >= MAX_REMOTES {
+            let last_seen = |r: &str| {
+                self.groups
+                    .iter()
+                    .filter(|(k, _)| k.remote == r)
+                    .map(|(_, g)| g.idle_since.unwrap_or(now))
+                    .max()
+                    .unwrap_or(now)
+            };
+            let victim = labels
+                .by_remote
+                .iter()
+                .filter(|(r, s)| !connected.contains(*r) && (!full || **s == source))
+                .min_by_key(|(r, _)| last_seen(r))
+                .map(|(r, _)| r.clone());
+            let Some(victim) = victim else {
+                return false;
+            };
+            self.groups.retain(|k, _| k.remote != victim);
+            labels.remove(&victim);
+        }
+        labels.add(remote, source);
+        true
     }
 
     /// The collector's families for the current state.
@@ -327,6 +377,50 @@ impl FlowBook {
             pacing_old,
         ]
     }
+}
+
+/// The peers holding a `remote` label, and how many each source holds.
+struct Labels {
+    by_remote: BTreeMap<String, SourceKey>,
+    per_source: HashMap<SourceKey, usize>,
+}
+
+impl Labels {
+    fn of(groups: &BTreeMap<GroupKey, Group>) -> Labels {
+        let mut l = Labels {
+            by_remote: BTreeMap::new(),
+            per_source: HashMap::new(),
+        };
+        for k in groups.keys().filter(|k| k.remote != OTHER) {
+            if !l.by_remote.contains_key(&k.remote) {
+                if let Some(s) = source_of(&k.remote) {
+                    l.add(&k.remote, s);
+                }
+            }
+        }
+        l
+    }
+
+    fn of_source(&self, s: SourceKey) -> usize {
+        self.per_source.get(&s).copied().unwrap_or(0)
+    }
+
+    fn add(&mut self, remote: &str, s: SourceKey) {
+        self.by_remote.insert(remote.to_string(), s);
+        *self.per_source.entry(s).or_default() += 1;
+    }
+
+    fn remove(&mut self, remote: &str) {
+        if let Some(s) = self.by_remote.remove(remote) {
+            if let Some(n) = self.per_source.get_mut(&s) {
+                *n -= 1;
+            }
+        }
+    }
+}
+
+fn source_of(remote: &str) -> Option<SourceKey> {
+    remote.parse::<IpAddr>().ok().map(SourceKey::of)
 }
 
 fn pacing_rate(info: &TcpInfo) -> Option<u64> {

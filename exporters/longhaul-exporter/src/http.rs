@@ -3,8 +3,8 @@
 //! [`MAX_REQUEST_HEAD`]) and must arrive within [`HEADER_DEADLINE`],
 //! connections still sending their head are pushed out oldest-first when
 //! too many pile up, so slow or silent clients cannot keep Prometheus out,
-//! and more than `--web.max-requests` requests at once, or more than a
-//! quarter of them from one source, get `503`. Scrapes that arrive while a
+//! and more than `--web.max-requests` requests at once, or more than half
+//! of them from one source, get `503`. Scrapes that arrive while a
 //! collection runs wait for its result (scrape.rs), each within its own
 //! deadline.
 //! SIGTERM/SIGINT wake the main thread through a self-pipe; the server then
@@ -40,11 +40,11 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// 30 MiB; one source may hold half.
 pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
 
-/// The handlers one source may hold: a quarter of `--web.max-requests`
-/// (at least one), so a source that floods leaves the rest to Prometheus,
-/// which sends one scrape at a time.
+/// The handlers one source may hold: half of `--web.max-requests` (at
+/// least one), so a source that floods leaves the rest to Prometheus, which
+/// sends one scrape at a time.
 pub fn per_source_requests(max_requests: usize) -> usize {
-    (max_requests / 4).max(1)
+    (max_requests / 2).max(1)
 }
 
 /// A connection's whole life: head, scrape and response. Prometheus'

@@ -151,8 +151,9 @@ pub enum Behaviour {
     Raw(Vec<u8>),
     /// Accept, read, never answer (until the fake is dropped).
     Hang,
-    /// 200 and a chunked body that never ends (until the client leaves).
-    Endless,
+    /// 200 and a chunked body that never ends (until the client leaves):
+    /// these bytes, then these bytes again and again.
+    Endless(Vec<u8>, Vec<u8>),
 }
 
 /// A fake engine stats API on 127.0.0.1:0, stopped on drop.
@@ -190,12 +191,27 @@ impl FakeEngine {
                                 let _ = s.write_all(r);
                             }
                             Behaviour::Hang => held.push(s),
-                            Behaviour::Endless => {
+                            Behaviour::Endless(prefix, fill) => {
+                                let (prefix, fill) = (prefix.clone(), fill.clone());
                                 std::thread::spawn(move || {
-                                    let chunk = vec![b' '; 1 << 20];
+                                    let chunk: Vec<u8> = fill
+                                        .iter()
+                                        .copied()
+                                        .cycle()
+                                        .take(fill.len() << 14)
+                                        .collect();
                                     let _ = s.write_all(
                                         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
                                     );
+                                    let _ = write!(s, "{:x}\r\n", prefix.len().max(1))
+                                        .and_then(|_| {
+                                            s.write_all(if prefix.is_empty() {
+                                                b" "
+                                            } else {
+                                                &prefix
+                                            })
+                                        })
+                                        .and_then(|_| s.write_all(b"\r\n"));
                                     while write!(s, "{:x}\r\n", chunk.len())
                                         .and_then(|_| s.write_all(&chunk))
                                         .and_then(|_| s.write_all(b"\r\n"))
