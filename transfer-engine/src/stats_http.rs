@@ -1,6 +1,7 @@
 //! The stats API: `GET /v1/sessions` answers the registry's
-//! [`longhaul_stats_api::Snapshot`] as JSON, 404 for other paths, 405 for
-//! other methods. Served by `longhaul-http-serve`, whose limits (bounded
+//! [`longhaul_stats_api::Snapshot`] as JSON (`?view=series`: its series
+//! view, what the exporter exports; another view is 400), 404 for other
+//! paths, 405 for other methods. Served by `longhaul-http-serve`, whose limits (bounded
 //! request head, total deadlines, pending connections pushed out when
 //! full) keep a slow or hostile local client from growing the engine or
 //! locking the exporter out.
@@ -37,6 +38,24 @@ fn answer(req: &longhaul_http_serve::Request, registry: &Registry) -> Response {
     if req.method() != "GET" && req.method() != "HEAD" {
         return Response::text(405, "only GET\n");
     }
-    let body = serde_json::to_vec(&registry.snapshot()).unwrap_or_default();
+    let snapshot = registry.snapshot();
+    let view = req
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("view="));
+    let snapshot = match view {
+        None => snapshot,
+        Some(_) if req.query() == Some(longhaul_stats_api::SERIES_VIEW_QUERY) => {
+            snapshot.series_view()
+        }
+        Some(other) => {
+            return Response::text(
+                400,
+                &format!("unknown view {other:?}; the one there is: view=series\n"),
+            )
+        }
+    };
+    let body = serde_json::to_vec(&snapshot).unwrap_or_default();
     Response::new(200, "application/json", body)
 }

@@ -120,6 +120,11 @@ impl Request {
         self.parts.uri.path()
     }
 
+    /// The query, without the `?` (None: no query).
+    pub fn query(&self) -> Option<&str> {
+        self.parts.uri.query()
+    }
+
     /// A header's value, if present and text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.parts.headers.get(name)?.to_str().ok()

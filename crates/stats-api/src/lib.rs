@@ -17,6 +17,11 @@ pub const API_VERSION: u32 = 1;
 /// Path of the sessions snapshot.
 pub const SESSIONS_PATH: &str = "/v1/sessions";
 
+/// The query that asks [`SESSIONS_PATH`] for the series view
+/// ([`Snapshot::series_view`]): `GET /v1/sessions?view=series`. An engine
+/// from before it answers the whole snapshot, which reads the same way.
+pub const SERIES_VIEW_QUERY: &str = "view=series";
+
 /// Default address of the stats API (DESIGN.md).
 pub const DEFAULT_STATS_LISTEN: &str = "127.0.0.1:7401";
 
@@ -29,6 +34,27 @@ pub struct Snapshot {
     /// [`Session::state`]) so that a scrape after the end still sees the
     /// final counters.
     pub sessions: Vec<Session>,
+}
+
+impl Snapshot {
+    /// What the exporter's series carry, and no more (about half the
+    /// bytes of the whole answer): every stream's addresses are left out,
+    /// and so is the TCP_INFO of receiving ends (a receiving socket's cwnd,
+    /// retransmits and pacing are its initial values; its bytes are what
+    /// the stream delivered). Sessions, their control connection's
+    /// addresses and the engine's listening addresses stay.
+    pub fn series_view(mut self) -> Snapshot {
+        for s in &mut self.sessions {
+            for st in &mut s.streams {
+                st.local = None;
+                st.peer = None;
+                if st.direction == Direction::Receive {
+                    st.tcp = None;
+                }
+            }
+        }
+        self
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -162,7 +188,8 @@ pub struct Stream {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
     /// Latest TCP_INFO sample of this end's socket; absent before the first
-    /// sample or after the socket closed.
+    /// sample or after the socket closed, and from a receiving end in the
+    /// series view.
     #[serde(default)]
     pub tcp: Option<TcpInfo>,
     /// The peer's end of the stream, as the peer (`longhaul send`) reported

@@ -26,7 +26,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use longhaul_stats_api::{Admission, DeviceIo, Direction, Mode, Protocol, SESSIONS_PATH};
+use longhaul_stats_api::{
+    Admission, DeviceIo, Direction, Mode, Protocol, SERIES_VIEW_QUERY, SESSIONS_PATH,
+};
 
 use crate::httpclient::{self, Url};
 use crate::json::{self, Reader};
@@ -143,7 +145,10 @@ pub struct EngineView {
     pub sessions: Vec<SessionView>,
     /// The addresses the engine listens on (IPv4-mapped ones as IPv4).
     pub listening: Vec<SocketAddr>,
-    /// Every socket the engine lists, as (its end, the remote end).
+    /// Every socket the engine lists, as (its end, the remote end): the
+    /// sessions' control connections, and each stream's socket in an
+    /// answer that lists their addresses (the series view does not: the
+    /// listening addresses tell those sockets).
     pub connections: HashSet<(SocketAddr, SocketAddr)>,
 }
 
@@ -163,15 +168,17 @@ impl EngineApi {
         })
     }
 
-    /// Reads one answer.
+    /// Reads one answer: the series view, which leaves out what no series
+    /// carries (an engine from before it answers the whole snapshot).
     pub fn view(&self) -> anyhow::Result<EngineView> {
+        let path = format!("{SESSIONS_PATH}?{SERIES_VIEW_QUERY}");
         let where_ = || {
             format!(
-                "engine stats API http://{}:{}{}{SESSIONS_PATH}",
+                "engine stats API http://{}:{}{}{path}",
                 self.url.host, self.url.port, self.url.prefix
             )
         };
-        let body = httpclient::open(&self.url, SESSIONS_PATH, self.timeout).with_context(where_)?;
+        let body = httpclient::open(&self.url, &path, self.timeout).with_context(where_)?;
         read(body, self.max_streams)
             .map_err(|e| match e {
                 json::Error::Io(io) if httpclient::timed_out(&io) => {

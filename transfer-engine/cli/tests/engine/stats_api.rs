@@ -65,6 +65,31 @@ fn stats_api_shows_a_running_session_with_streams() {
         }
     }
 
+    // The series view (what the exporter asks for): the same session and
+    // streams, no stream addresses, no receiving end's TCP_INFO.
+    let (status, body) = http_get(server.stats_port, "/v1/sessions?view=series");
+    assert_eq!(status, 200, "{body}");
+    let lean: longhaul_stats_api::Snapshot = serde_json::from_str(&body).unwrap();
+    let s = lean.sessions.iter().find(|s| s.id == session.id).unwrap();
+    assert_eq!((&s.local, &s.peer), (&session.local, &session.peer));
+    assert_eq!(s.streams.iter().filter(|st| !st.peer_end).count(), 4);
+    for st in &s.streams {
+        assert_eq!((&st.local, &st.peer), (&None, &None), "{st:?}");
+        assert_eq!(
+            st.tcp.is_some(),
+            st.direction == Direction::Send && st.peer_end,
+            "{st:?}"
+        );
+    }
+    assert!(!lean.engine.admission[0]
+        .address
+        .as_deref()
+        .unwrap_or("")
+        .is_empty());
+    let (status, body) = http_get(server.stats_port, "/v1/sessions?view=everything");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown view"), "{body}");
+
     let out = sender.wait(RUN_TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let total = last_json(&out.stdout)["bytes"].as_u64().unwrap();
