@@ -795,6 +795,46 @@ mod tests {
         assert!(read(&text[..], 256).unwrap().connections.is_empty());
     }
 
+    /// 2,000 damaged answers (bytes changed, cut short, spliced): each is
+    /// read or refused, never a panic.
+    #[test]
+    fn damaged_answers_are_read_or_refused() {
+        let good = serde_json::to_vec(&snapshot()).unwrap();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n.max(1) as u64) as usize
+        };
+        let alphabet = b"{}[]\",:0123456789-+.eEtrufalsn \\\x00\xff";
+        let (mut read_ok, mut refused) = (0, 0);
+        for _ in 0..2000 {
+            let mut doc = good.clone();
+            for _ in 0..1 + next(4) {
+                match next(3) {
+                    0 if !doc.is_empty() => {
+                        let at = next(doc.len());
+                        doc[at] = alphabet[next(alphabet.len())];
+                    }
+                    1 => doc.truncate(next(doc.len())),
+                    _ => {
+                        let (a, b) = (next(doc.len()), next(good.len()));
+                        doc.splice(a..a, good[b..].iter().take(next(64)).copied());
+                    }
+                }
+            }
+            match read(&doc[..], 2) {
+                Ok(_) => read_ok += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(
+            read_ok > 0 && refused > 0,
+            "{read_ok} read, {refused} refused"
+        );
+    }
+
     #[test]
     fn answers_beyond_the_limits_are_refused() {
         let mut snap = snapshot();
