@@ -37,12 +37,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// What the exporter's series carry, and no more (about half the
-    /// bytes of the whole answer): every stream's addresses are left out,
-    /// and so is the TCP_INFO of receiving ends (a receiving socket's cwnd,
-    /// retransmits and pacing are its initial values; its bytes are what
-    /// the stream delivered). Sessions, their control connection's
-    /// addresses and the engine's listening addresses stay.
+    /// What the exporter's series carry, and no more (a real 1,000-stream
+    /// session: 301 KB against 503 KB whole): every stream's addresses are
+    /// left out, and so is the TCP_INFO of receiving ends (a receiving
+    /// socket's cwnd, retransmits and pacing are its initial values; its
+    /// bytes are what the stream delivered). Sessions, their control
+    /// connection's addresses and the engine's listening addresses stay.
     pub fn series_view(mut self) -> Snapshot {
         for s in &mut self.sessions {
             for st in &mut s.streams {
