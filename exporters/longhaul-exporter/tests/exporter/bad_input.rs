@@ -177,23 +177,32 @@ const RSS_BUDGET: u64 = 30 << 20;
 /// Before, each scrape buffered up to 64 MiB: 4 at once peaked at 240 MiB.
 #[test]
 fn a_broken_engine_scraped_4_times_at_once_costs_under_30_mib() {
-    let cases = [
-        ("endless white space", endless("", " ")),
+    // Cut at the 64 MiB limit, or at the engine timeout on a slow machine.
+    let endless_cut: &[&str] = &["larger than", "within"];
+    let cases: [(&str, Behaviour, &[&str]); 7] = [
+        ("endless white space", endless("", " "), endless_cut),
         (
             "an endless session id",
             endless(r#"{"version":1,"sessions":[{"id":""#, "x"),
+            &["a string too long"],
         ),
         (
             "an endless unknown string",
             endless(r#"{"version":1,"x":""#, "x"),
+            endless_cut,
         ),
-        ("endless nesting", endless("", "[")),
+        (
+            "endless nesting",
+            endless(r#"{"version":1,"x":"#, "[{\"y\":"),
+            endless_cut,
+        ),
         (
             "endless streams",
             endless(
                 r#"{"version":1,"sessions":[{"id":"s","peer":"p","mode":"memory","direction":"send","streams":[{"id":0,"direction":"send","bytes":1}"#,
                 r#",{"id":1,"direction":"send","bytes":1,"tcp":{"rtt_us":1}}"#,
             ),
+            &["more than 8192 streams"],
         ),
         (
             "endless sessions",
@@ -201,10 +210,11 @@ fn a_broken_engine_scraped_4_times_at_once_costs_under_30_mib() {
                 r#"{"version":1,"sessions":[{"id":"s","peer":"p","mode":"memory","direction":"send","streams":[]}"#,
                 r#",{"id":"s","peer":"p","mode":"memory","direction":"send","streams":[{"id":1,"direction":"send","bytes":1}]}"#,
             ),
+            &["more than 4224 sessions"],
         ),
-        ("silence", Behaviour::Hang),
+        ("silence", Behaviour::Hang, &["within"]),
     ];
-    for (what, behaviour) in cases {
+    for (what, behaviour, causes) in cases {
         let engine = FakeEngine::start(behaviour);
         let exp = Exporter::start(&[
             engine.url(),
@@ -236,6 +246,9 @@ fn a_broken_engine_scraped_4_times_at_once_costs_under_30_mib() {
             "{what}: {}",
             exp.log_text()
         );
+        // The failure's line (waited for above) names its cause.
+        let log = exp.log_text();
+        assert!(causes.iter().any(|c| log.contains(c)), "{what}: {log}");
     }
 }
 
