@@ -140,7 +140,7 @@ fn value(out: &mut String, v: f64) {
 /// Encodes a scrape; families without samples are left out.
 pub fn encode(families: &[Family], format: Format) -> String {
     let series: usize = families.iter().map(|f| f.samples.len()).sum();
-    let mut out = String::with_capacity(series * 96 + families.len() * 160);
+    let mut out = String::with_capacity(series * 128 + families.len() * 160);
     for fam in families.iter().filter(|f| !f.samples.is_empty()) {
         let (name, kind) = match fam.kind {
             MetricType::Counter => (
