@@ -13,10 +13,14 @@ import datetime
 import re
 
 # Beyond these limits over a run's window the path, not the engine, fell short:
-# - time the forwarding thread waited for a CPU (runnable, not running): each such
-#   gap leaves the bottleneck idle while packets wait in the kernel (the 2-core lab
-#   host shares its CPUs with everything else; a real router does not);
+# - time the forwarding thread waited for a CPU (runnable, not running) while the
+#   path carried less than PATH_FULL of its rate: such gaps leave the bottleneck
+#   idle while packets wait in the kernel (the 2-core lab host shares its CPUs with
+#   everything else; a real router does not). Waits while the bottleneck queue
+#   holds a backlog cost nothing: the link stays busy, so a full path is not
+#   blamed for them (measured at load 60: 31 % waiting, 98.6 % carried);
 PATH_WAIT_LIMIT = 0.05
+PATH_FULL = 0.95
 # - the thread busy for most of a core: the emulator at its own limit;
 PATH_BUSY_LIMIT = 0.90
 # - packets leaving later than their release time, on average (about 0.05 ms when
@@ -84,10 +88,11 @@ class PathCheck:
                 "%s thread busy %.0f%%, waited for a CPU %.1f%%, late %.2f ms on average, "
                 "emulator drops %s" % (direction, 100 * busy, 100 * wait, late_ms, lost or 0)
             )
-            if wait > PATH_WAIT_LIMIT:
+            if wait > PATH_WAIT_LIMIT and self.utilisation < PATH_FULL:
                 self.shortfalls.append(
-                    "the delay line's %s forwarding thread waited for a CPU %.1f%% of the time (limit %.0f%%): starved"
-                    % (direction, 100 * wait, 100 * PATH_WAIT_LIMIT)
+                    "the delay line's %s forwarding thread waited for a CPU %.1f%% of the time (limit %.0f%% "
+                    "while the path carries under %.0f%% of its rate): starved"
+                    % (direction, 100 * wait, 100 * PATH_WAIT_LIMIT, 100 * PATH_FULL)
                 )
             if busy > PATH_BUSY_LIMIT:
                 self.shortfalls.append(
