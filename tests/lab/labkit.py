@@ -20,6 +20,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # tests/: the dashboard checks shared with the other suites
+from delay_path import PathCheck, delay_line_samples  # noqa: E402  (tests/, after the path)
 
 LAB = REPO / "lab"
 SITE = REPO / "ansible" / "site.yml"
@@ -321,6 +322,16 @@ class Lab:
     def ready(self, url):
         with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
             return answer.status in (200, 204)
+
+    def path_check(self, start, end, rate_bps):
+        """PathCheck of the router's delay line, paced to rate_bps, over [start,
+        end] (epoch seconds), from its journal."""
+        journal = self.sh(
+            "router",
+            "journalctl -u longhaul-delay --since @%d --until @%d -o cat --no-pager"
+            % (start - 5, end + 5),
+        ).stdout
+        return PathCheck(delay_line_samples(journal), start, end, rate_bps)
 
     def prometheus_alert_state(self, name):
         states = {

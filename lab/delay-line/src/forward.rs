@@ -103,7 +103,15 @@ fn set_realtime(priority: i32) -> io::Result<()> {
 impl Direction {
     /// Forwards until `stop` is set. Returns an error only when the input
     /// device fails (e.g. it was deleted); failed writes are counted.
-    pub fn run(mut self) -> Result<()> {
+    pub fn run(self) -> Result<()> {
+        let stats = self.stats.clone();
+        stats.set_thread();
+        let result = self.forward();
+        stats.record_final_times();
+        result
+    }
+
+    fn forward(mut self) -> Result<()> {
         clock::set_precise_timers();
         if self.realtime_priority > 0 {
             if let Err(e) = set_realtime(self.realtime_priority) {

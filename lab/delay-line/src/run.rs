@@ -109,27 +109,6 @@ fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
     (sig > 0).then_some(sig)
 }
 
-/// Packets the kernel dropped because the TUN device's queue towards us was
-/// full (`--txqueuelen` too small or the thread starved of CPU): the transmit
-/// drop column of `/proc/net/dev`, which shows this thread's namespace (sysfs
-/// would show the mounting namespace's, wrong under `nsenter -n`).
-fn kernel_dropped(tun: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/net/dev")
-        .map(|table| tx_dropped(&table, tun))
-        .unwrap_or(0)
-}
-
-/// The transmit drop counter of `device` in a `/proc/net/dev` table.
-fn tx_dropped(table: &str, device: &str) -> u64 {
-    table
-        .lines()
-        .filter_map(|line| line.split_once(':'))
-        .find(|(name, _)| name.trim() == device)
-        // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes packets errs drop
-        .and_then(|(_, counters)| counters.split_whitespace().nth(11)?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn format_rate(bps: u64) -> String {
     match bps {
         0 => "unlimited".into(),
@@ -225,8 +204,8 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
         }
         let elapsed = last_report.elapsed();
         if !cfg.stats_interval.is_zero() && elapsed >= cfg.stats_interval {
-            for (label, stats, _, prev) in workers.iter_mut() {
-                let now = stats.snapshot(true);
+            for ((label, stats, _, prev), input) in workers.iter_mut().zip(&input_names) {
+                let now = Snapshot::observe(stats, input, true);
                 crate::log(Report {
                     direction: label,
                     now,
@@ -253,15 +232,17 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
                 })
             }
         }
+        // Joined: its thread id may be another thread's now; its recorded
+        // times stand in.
+        stats.tid.store(0, Relaxed);
         crate::log(format_args!(
-            "total {} kernel_dropped={}",
+            "total {}",
             Report {
                 direction: label,
-                now: stats.snapshot(false),
+                now: Snapshot::observe(&stats, input, false),
                 prev: Snapshot::default(),
                 seconds: 0.0,
             },
-            kernel_dropped(input)
         ));
     }
     if let Some(installed) = routing.as_mut() {
@@ -296,16 +277,6 @@ mod tests {
             default_queue_limit(0, Duration::from_millis(10), 1500),
             32 << 20
         );
-    }
-
-    #[test]
-    fn tun_drops_from_proc_net_dev() {
-        let table = "Inter-|   Receive |  Transmit\n face |bytes packets ...\n\
-            \x20   lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\n\
-            \x20lhd-a: 900 9 0 0 0 0 0 0 800 8 0 37 0 0 0 0\n";
-        assert_eq!(tx_dropped(table, "lhd-a"), 37);
-        assert_eq!(tx_dropped(table, "lo"), 0);
-        assert_eq!(tx_dropped(table, "lhd-b"), 0);
     }
 
     #[test]

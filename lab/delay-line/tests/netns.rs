@@ -326,6 +326,15 @@ fn paced_throughput(tag: &str, extra: &[&str]) -> Option<String> {
     );
     assert_eq!(total(&stderr, "a->b", "dropped_ring"), 0);
     assert_eq!(total(&stderr, "a->b", "tx_errors"), 0);
+    // What the kernel knows of the emulator itself, read before its threads
+    // ended: the forwarding thread's CPU time (carrying the flow cost it
+    // some), its time waiting for a CPU and the TUN device's drops; a test
+    // through the delay line tells from these whether the path fell short.
+    let cpu_ms = total(&stderr, "a->b", "cpu_ms");
+    let wait_ms = total(&stderr, "a->b", "wait_ms");
+    let kernel_dropped = total(&stderr, "a->b", "kernel_dropped");
+    eprintln!("a->b thread: cpu {cpu_ms} ms, waited {wait_ms} ms, kernel dropped {kernel_dropped}");
+    assert!(cpu_ms > 0, "{stderr}");
     assert!(!lab.rules().contains("lookup 201"), "{}", lab.rules());
     Some(stderr)
 }

@@ -1,0 +1,47 @@
+"""`make bench` names its peers: bench-memory prints the iperf3 it compares
+with, by `iperf3 --version`'s first line and how that version runs its
+streams (one thread for all before 3.16, a thread per stream since), and
+puts both into its JSON; the README's rows quote the same."""
+
+import importlib.machinery
+import importlib.util
+import re
+import shutil
+
+from helpers import REPO, cannot_run
+
+
+def bench_memory():
+    loader = importlib.machinery.SourceFileLoader("bench_memory", str(REPO / "scripts" / "bench-memory"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_bench_memory_names_the_iperf3_it_runs_and_its_threading():
+    iperf3 = shutil.which("iperf3")
+    if not iperf3:
+        cannot_run("iperf3 is not installed (Debian package iperf3)")
+    peer = bench_memory().iperf3_identity(iperf3)
+    print(peer)
+    found = re.match(r"iperf (\d+)\.(\d+)", peer["version"])
+    assert found, peer
+    threaded = (int(found.group(1)), int(found.group(2))) >= (3, 16)
+    assert peer["threading"] == ("a thread per stream" if threaded else "every stream in one thread"), peer
+
+
+def test_the_readme_names_the_peer_of_every_benchmark_row():
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| benchmark | longhaul |"):]
+    lines = table.splitlines()[2:]
+    rows = lines[: next(i for i, line in enumerate(lines + [""]) if not line.startswith("|"))]
+    assert len(rows) >= 5, rows
+    for row in rows:
+        peer = row.split("|")[3]
+        # A tool and its version (iperf3 3.12, fio 3.33), an engine of ours at a
+        # commit, the WAN's bottleneck or the targets.
+        assert re.search(r"(iperf3|fio) 3\.\d+|longhaul [0-9a-f]{7}|bottleneck|target", peer), row
+        # Every iperf3 and every engine named, with how it runs its streams.
+        for name in re.findall(r"iperf3 3\.\d+|longhaul [0-9a-f]{7}", peer):
+            said = peer[peer.index(name):].split(":")[0]
+            assert "thread" in said, (name, row)
