@@ -68,18 +68,16 @@ GRAFANA_VARIABLES = {
 # Unit ids of Grafana's value formats (its "Standard options > Unit" list) that
 # dashboards of this kind use: counts, percentages, data, data rates, time,
 # throughput.
-UNITS = {
-    "none", "short", "percent", "percentunit", "sci", "locale", "hex", "hex0x", "dB",
-    "bits", "bytes", "decbits", "decbytes", "kbytes", "mbytes", "gbytes", "tbytes", "pbytes",
-    "deckbytes", "decmbytes", "decgbytes", "dectbytes", "decpbytes",
-    "bps", "Bps", "binbps", "binBps", "Kbits", "KBs", "Mbits", "MBs", "Gbits", "GBs",
-    "Tbits", "TBs", "Pbits", "PBs", "Kibits", "KiBs", "Mibits", "MiBs", "Gibits", "GiBs",
-    "Tibits", "TiBs", "Pibits", "PiBs", "pps",
-    "hertz", "ns", "µs", "ms", "s", "m", "h", "d", "dtdurationms", "dtdurations",
-    "dthms", "dtdhms", "timeticks", "clockms", "clocks",
-    "cps", "ops", "reqps", "rps", "wps", "iops", "eps", "mps", "cpm", "opm", "rpm", "wpm",
-    "bool", "bool_yes_no", "bool_on_off",
-}
+UNITS = set("""
+    none short percent percentunit sci locale hex hex0x dB
+    bits bytes decbits decbytes kbytes mbytes gbytes tbytes pbytes
+    deckbytes decmbytes decgbytes dectbytes decpbytes
+    bps Bps binbps binBps Kbits KBs Mbits MBs Gbits GBs Tbits TBs Pbits PBs
+    Kibits KiBs Mibits MiBs Gibits GiBs Tibits TiBs Pibits PiBs pps
+    hertz ns µs ms s m h d dtdurationms dtdurations dthms dtdhms timeticks clockms clocks
+    cps ops reqps rps wps iops eps mps cpm opm rpm wpm
+    bool bool_yes_no bool_on_off
+    """.split())
 UID = re.compile(r"[A-Za-z0-9_-]{1,40}")
 VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)(?::\w+)?\]\]")
 RULES = (
@@ -98,10 +96,10 @@ RULES = (
 
 # --- PromQL, as far as the rules need it --------------------------------------------------
 
-AGGREGATIONS = {
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
-    "bottomk", "topk", "quantile", "limitk", "limit_ratio",
-}
+AGGREGATIONS = set("""
+    sum min max avg group stddev stdvar count count_values bottomk topk quantile
+    limitk limit_ratio
+    """.split())
 # Keywords after which a parenthesised label list follows.
 LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 KEYWORDS = LABEL_LISTS | {"bool", "and", "or", "unless", "offset", "atan2", "inf", "nan"}
@@ -246,12 +244,24 @@ def queries(board):
         if variable.get("type") == "query":
             query = variable.get("query")
             text = query.get("query", "") if isinstance(query, dict) else (query or "")
-            yield ("variable $%s" % variable.get("name"), "variable", variable.get("datasource"), text, variable)
+            yield (
+                "variable $%s" % variable.get("name"),
+                "variable",
+                variable.get("datasource"),
+                text,
+                variable,
+            )
     for annotation in board.get("annotations", {}).get("list", []):
         reference = annotation.get("datasource")
         if datasource_of(reference)[0] == "grafana":
             continue  # Grafana's built-in annotations: no query
-        yield ("annotation %r" % annotation.get("name"), "annotation", reference, annotation.get("expr") or annotation.get("query") or "", annotation)
+        yield (
+            "annotation %r" % annotation.get("name"),
+            "annotation",
+            reference,
+            annotation.get("expr") or annotation.get("query") or "",
+            annotation,
+        )
 
 
 # --- the rules ------------------------------------------------------------------------------
@@ -282,18 +292,22 @@ def lint_board(board):
             finding(
                 "datasource-variables",
                 panel,
-                "%s: data source %r is not a data source variable of the dashboard" % (where, uid or None),
+                "%s: data source %r is not a data source variable of the dashboard"
+                % (where, uid or None),
             )
         elif source_type and datasource_vars[name] != source_type:
             finding(
                 "datasource-variables",
                 panel,
-                "%s: data source $%s is %s, the query is %s" % (where, name, datasource_vars[name], source_type),
+                "%s: data source $%s is %s, the query is %s"
+                % (where, name, datasource_vars[name], source_type),
             )
         for match in VARIABLE.finditer(text):
             used = next(g for g in match.groups() if g)
             if used not in variables and used not in GRAFANA_VARIABLES:
-                finding("variables-defined", panel, "%s: uses undefined variable $%s" % (where, used))
+                finding(
+                    "variables-defined", panel, "%s: uses undefined variable $%s" % (where, used)
+                )
         if source_type == "prometheus" and kind in ("target", "annotation"):
             selectors, ranges = promql_parts(text)
             for window in ranges:
@@ -317,14 +331,19 @@ def lint_board(board):
                         finding(
                             "job-instance-selectors",
                             panel,
-                            '%s: %s has no instance=~"$instance" matcher: %s' % (where, shown, text),
+                            '%s: %s has no instance=~"$instance" matcher: %s'
+                            % (where, shown, text),
                         )
         if source_type == "influxdb" and kind == "target":
             if "$timeFilter" not in text:
-                finding("influxql", panel, "%s: InfluxQL query without $timeFilter: %s" % (where, text))
+                finding(
+                    "influxql", panel, "%s: InfluxQL query without $timeFilter: %s" % (where, text)
+                )
             if not re.search(r"GROUP BY time\(\$__interval\)", text, re.IGNORECASE):
                 finding(
-                    "influxql", panel, "%s: InfluxQL query not grouped by time($__interval): %s" % (where, text)
+                    "influxql",
+                    panel,
+                    "%s: InfluxQL query not grouped by time($__interval): %s" % (where, text),
                 )
     for source_type in sorted(used_types):
         having = [n for n, t in datasource_vars.items() if t == source_type]
@@ -341,12 +360,19 @@ def lint_board(board):
         for name in ("job", "instance"):
             variable = variables.get(name)
             if variable is None:
-                finding("job-instance-variables", None, "has Prometheus targets but no $%s variable" % name)
+                finding(
+                    "job-instance-variables",
+                    None,
+                    "has Prometheus targets but no $%s variable" % name,
+                )
                 continue
             problems = []
             if variable.get("type") != "query":
                 problems.append("not a query variable")
-            if variable_name(datasource_of(variable.get("datasource"))[1]) != "prometheus_datasource":
+            if (
+                variable_name(datasource_of(variable.get("datasource"))[1])
+                != "prometheus_datasource"
+            ):
                 problems.append("not on $prometheus_datasource")
             if not variable.get("multi") or not variable.get("includeAll"):
                 problems.append("not multi-value with All")
@@ -359,7 +385,9 @@ def lint_board(board):
     for name, variable in variables.items():
         if variable.get("type") == "query" and variable.get("refresh") != 2:
             finding(
-                "variable-refresh", None, "variable $%s does not refresh on time range change (refresh 2)" % name
+                "variable-refresh",
+                None,
+                "variable $%s does not refresh on time range change (refresh 2)" % name,
             )
         if not variable.get("label"):
             finding("titles", None, "variable $%s has no label" % name)
@@ -379,7 +407,9 @@ def lint_board(board):
         if not unit:
             finding("units", title, "panel %r has no unit" % title)
         elif unit not in UNITS:
-            finding("units", title, "panel %r has unit %r, which Grafana does not know" % (title, unit))
+            finding(
+                "units", title, "panel %r has unit %r, which Grafana does not know" % (title, unit)
+            )
     for number, titles in ids.items():
         if number is None or len(titles) > 1:
             finding("uids", None, "panel id %s is not unique: %s" % (number, titles))
@@ -439,7 +469,9 @@ def lint(paths):
             seen.setdefault(board.get(key), []).append(path.name)
         for value, names in seen.items():
             if len(names) > 1:
-                found.append("[%s] %s %r is used by %s" % (rule, key, value, ", ".join(sorted(names))))
+                found.append(
+                    "[%s] %s %r is used by %s" % (rule, key, value, ", ".join(sorted(names)))
+                )
     return found
 
 

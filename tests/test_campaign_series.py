@@ -61,19 +61,49 @@ def scrape(port):
 
 def test_a_campaign_s_runs_are_listed_and_exported_with_their_names(engine):
     longhaul(
-        "send", "--to", "127.0.0.1:%d" % engine["port"], "--time", "1", "--streams", "2",
-        "--campaign", "fig5", "--run", "a-to-b",
+        "send",
+        "--to",
+        "127.0.0.1:%d" % engine["port"],
+        "--time",
+        "1",
+        "--streams",
+        "2",
+        "--campaign",
+        "fig5",
+        "--run",
+        "a-to-b",
     )
     longhaul(
-        "send", "--protocol", "iperf3", "--to", "127.0.0.1:%d" % engine["iperf3"], "--time", "1",
-        "--campaign", "fig5", "--run", "iperf3-run",
+        "send",
+        "--protocol",
+        "iperf3",
+        "--to",
+        "127.0.0.1:%d" % engine["iperf3"],
+        "--time",
+        "1",
+        "--campaign",
+        "fig5",
+        "--run",
+        "iperf3-run",
     )
     if not os.access(IPERF3, os.X_OK):
         helpers.cannot_run("%s is missing (Debian package iperf3)" % IPERF3)
     stock = subprocess.run(
-        [IPERF3, "-c", "127.0.0.1", "-p", str(engine["iperf3"]), "-t", "1", "-J",
-         "--extra-data", "campaign=fig5 run=stock-iperf3"],
-        capture_output=True, text=True, timeout=60,
+        [
+            IPERF3,
+            "-c",
+            "127.0.0.1",
+            "-p",
+            str(engine["iperf3"]),
+            "-t",
+            "1",
+            "-J",
+            "--extra-data",
+            "campaign=fig5 run=stock-iperf3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert stock.returncode == 0, stock.stdout[-2000:] + stock.stderr
     longhaul("send", "--to", "127.0.0.1:%d" % engine["port"], "--time", "1")

@@ -58,10 +58,15 @@ def fails(directory, rule, *words):
 def test_the_committed_dashboards_pass():
     """scripts/check-dashboards: current (generate.py --check) and lint-clean."""
     done = subprocess.run(
-        [str(helpers.REPO / "scripts" / "check-dashboards")], capture_output=True, text=True, timeout=120
+        [str(helpers.REPO / "scripts" / "check-dashboards")],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "6 dashboards pass every rule" in done.stdout or "dashboards pass every rule" in done.stdout
+    assert (
+        "6 dashboards pass every rule" in done.stdout or "dashboards pass every rule" in done.stdout
+    )
 
 
 def test_a_rate_without_rate_interval_fails(scratch):
@@ -110,7 +115,13 @@ def test_a_selector_without_job_or_instance_fails(scratch):
         target["expr"] = target["expr"].replace('job=~"$job", ', "", 1)
 
     edit(scratch, "transfer-overview.json", change)
-    fails(scratch, "job-instance-selectors", "Total throughput", "longhaul_session_bytes_total", 'job=~"$job"')
+    fails(
+        scratch,
+        "job-instance-selectors",
+        "Total throughput",
+        "longhaul_session_bytes_total",
+        'job=~"$job"',
+    )
 
 
 def test_a_missing_job_variable_fails(scratch):
@@ -125,9 +136,15 @@ def test_a_missing_job_variable_fails(scratch):
 
 
 def test_a_panel_without_a_unit_fails(scratch):
-    edit(scratch, "cpu.json", lambda board: board["panels"][0]["fieldConfig"]["defaults"].pop("unit"))
+    edit(
+        scratch, "cpu.json", lambda board: board["panels"][0]["fieldConfig"]["defaults"].pop("unit")
+    )
     fails(scratch, "units", "has no unit")
-    edit(scratch, "cpu.json", lambda board: board["panels"][0]["fieldConfig"]["defaults"].update(unit="furlongs"))
+    edit(
+        scratch,
+        "cpu.json",
+        lambda board: board["panels"][0]["fieldConfig"]["defaults"].update(unit="furlongs"),
+    )
     fails(scratch, "units", "'furlongs'")
 
 

@@ -16,7 +16,7 @@ SCRIPT = helpers.REPO / "scripts" / "check-licences"
 AGPL_LICENSE = "                    GNU AFFERO GENERAL PUBLIC LICENSE\n                       Version 3, 19 November 2007\n"
 # MPL-2.0 names the AGPL in its own text: not the AGPL.
 MPL_LICENSE = (
-    "Mozilla Public License Version 2.0\n\n1.12. \"Secondary License\"\n    means either the GNU "
+    'Mozilla Public License Version 2.0\n\n1.12. "Secondary License"\n    means either the GNU '
     "General Public License, Version 2.0, the GNU\n    Lesser General Public License, Version "
     "2.1, the GNU Affero General\n    Public License, Version 3.0\n"
 )
@@ -77,7 +77,9 @@ def test_a_grafana_or_loki_module_in_the_go_cache_fails(scratch):
         (lookup / "github.com" / "grafana" / "tempo@v2.6.0+incompatible").write_text("")
 
     stderr = passes_then_fails(
-        scratch, add, ["github.com/grafana/loki", "github.com/grafana/grafana", "github.com/grafana/tempo"]
+        scratch,
+        add,
+        ["github.com/grafana/loki", "github.com/grafana/grafana", "github.com/grafana/tempo"],
     )
     assert "grafana-plugin-sdk-go" not in stderr and "errwrap" not in stderr, stderr
 
@@ -97,18 +99,24 @@ def test_a_go_mod_requiring_grafana_fails(scratch):
     tree = scratch[0]
     (tree / "tools").mkdir()
     go_mod = tree / "tools" / "go.mod"
-    go_mod.write_text("module example.org/tools\n\ngo 1.23\n\nrequire github.com/prometheus/common v0.60.0\n")
+    go_mod.write_text(
+        "module example.org/tools\n\ngo 1.23\n\nrequire github.com/prometheus/common v0.60.0\n"
+    )
 
     def add():
         go_mod.write_text(
-            go_mod.read_text() + "require github.com/grafana/grafana/apps/dashboard v0.0.0-20250101\n"
+            go_mod.read_text()
+            + "require github.com/grafana/grafana/apps/dashboard v0.0.0-20250101\n"
         )
-        (tree / "tools" / "go.sum").write_text(
-            "github.com/grafana/loki/v3 v3.4.2 h1:AAAA=\n"
-        )
+        (tree / "tools" / "go.sum").write_text("github.com/grafana/loki/v3 v3.4.2 h1:AAAA=\n")
 
     passes_then_fails(
-        scratch, add, ["go.mod:6: github.com/grafana/grafana/apps/dashboard", "go.sum:1: github.com/grafana/loki/v3"]
+        scratch,
+        add,
+        [
+            "go.mod:6: github.com/grafana/grafana/apps/dashboard",
+            "go.sum:1: github.com/grafana/loki/v3",
+        ],
     )
 
 
@@ -187,7 +195,11 @@ def test_an_unlicensed_npm_package_fails(scratch):
         data["packages"]["node_modules/c"] = {"version": "1.0.0"}
         lock.write_text(json.dumps(data))
 
-    passes_then_fails(scratch, add, ["npm package b 1.0.0 is not open source", "npm package c 1.0.0 has no licence"])
+    passes_then_fails(
+        scratch,
+        add,
+        ["npm package b 1.0.0 is not open source", "npm package c 1.0.0 has no licence"],
+    )
 
 
 def test_an_agpl_python_package_in_the_venv_fails(scratch):
@@ -214,7 +226,9 @@ def test_an_agpl_python_package_in_the_venv_fails(scratch):
             "Classifier: License :: OSI Approved :: GNU Affero General Public License v3",
         )
 
-    stderr = passes_then_fails(scratch, add, ["server-kit 1.0 is AGPL-3.0-or-later", "old-style 1.0"])
+    stderr = passes_then_fails(
+        scratch, add, ["server-kit 1.0 is AGPL-3.0-or-later", "old-style 1.0"]
+    )
     assert "fine" not in stderr, stderr
 
 
