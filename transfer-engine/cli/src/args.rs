@@ -329,6 +329,12 @@ pub struct SweepArgs {
     /// TCP congestion control of the data streams
     #[arg(long, value_name = "ALG")]
     pub cc: Option<String>,
+    /// The campaign every session of the sweep is a run of (as send's)
+    #[arg(long, value_name = "NAME", value_parser = plain_name)]
+    pub campaign: Option<String>,
+    /// The run of the campaign (as send's)
+    #[arg(long, value_name = "NAME", value_parser = plain_name)]
+    pub run: Option<String>,
     #[command(flatten)]
     pub workers: WorkerArgs,
 }
@@ -676,6 +682,8 @@ impl SweepArgs {
             load: self.load,
             out: self.out,
             progress: !self.json,
+            campaign: self.campaign,
+            run: self.run,
         };
         // The matrix runs when asked for, or when nothing else is.
         let matrix_asked = !o.streams.is_empty() || !o.buffers.is_empty();

@@ -40,8 +40,8 @@ fn bad_flags_exit_2_naming_the_problem() {
 }
 
 /// `--campaign` and `--run` take plain names: a space, a slash, 200
-/// characters or a leading dash are refused before any connection, naming
-/// the flag (send and get; send --protocol iperf3 too).
+/// characters are refused before any connection, naming the flag (send,
+/// send --protocol iperf3, get and sweep).
 #[test]
 fn campaign_and_run_names_that_are_not_plain_exit_2_naming_the_flag() {
     let long = "x".repeat(200);
@@ -70,6 +70,7 @@ fn campaign_and_run_names_that_are_not_plain_exit_2_naming_the_flag() {
                 arg.as_str(),
             ],
             vec!["get", "--from", "127.0.0.1:1", "x", arg.as_str()],
+            vec!["sweep", "--to", "127.0.0.1:1", arg.as_str()],
         ] {
             let out = run(&args);
             assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
