@@ -239,7 +239,9 @@ def test_the_stack_has_no_grafana(stack):
     assert default == {"prometheus", "alertmanager", "influxdb", "influxdb-init", "telegraf"}
     running = set(compose("ps", "--services", "--status", "running").stdout.split())
     assert running == {"prometheus", "alertmanager", "influxdb", "telegraf"}, running
-    text = (REPO / "docker-compose.yml").read_text() + (REPO / "docker-compose.upstream.yml").read_text()
+    text = (REPO / "docker-compose.yml").read_text() + (
+        REPO / "docker-compose.upstream.yml"
+    ).read_text()
     assert "profiles:" not in text and "grafana/grafana" not in text
 
 

@@ -67,7 +67,13 @@ def wan(provisioned):
     """The router with the delay line; back to the lab's own WAN afterwards."""
     lab = provisioned
     run = lab.playbook(
-        SITE, "--limit", "routers", "-e", "lab_delay_ms=%s" % DELAY_MS, "-e", "lab_bottleneck_rate=%s" % RATE
+        SITE,
+        "--limit",
+        "routers",
+        "-e",
+        "lab_delay_ms=%s" % DELAY_MS,
+        "-e",
+        "lab_bottleneck_rate=%s" % RATE,
     )
     assert run.rc == 0, "site.yml could not give the router a delay:\n%s" % run.tail()
     try:
@@ -103,8 +109,10 @@ def wan_run(wan, tmp_path_factory):
 def test_rtt_is_within_5_percent_of_the_setting(wan_run):
     advice = last_json(wan_run / "advise.json")
     rtt = advice["rtt"]
-    print("RTT over the control connection: min %.2f / median %.2f / max %.2f ms (setting %.1f ms)"
-          % (rtt["min_us"] / 1e3, rtt["median_us"] / 1e3, rtt["max_us"] / 1e3, 2 * DELAY_MS))
+    print(
+        "RTT over the control connection: min %.2f / median %.2f / max %.2f ms (setting %.1f ms)"
+        % (rtt["min_us"] / 1e3, rtt["median_us"] / 1e3, rtt["max_us"] / 1e3, 2 * DELAY_MS)
+    )
     assert rtt["samples"] >= 5
     # Never below the delay (it is really there), the median within 5 %.
     assert rtt["min_us"] >= RTT_S * 1e6
@@ -125,8 +133,10 @@ def test_one_stream_with_64K_is_window_limited(wan_run):
 def test_35_streams_of_2M_fill_90_percent_of_the_bottleneck(wan_run):
     result = last_json(wan_run / "fdt-35x2M.json")
     share = result["throughput_bps"] / RATE_BPS
-    print("35 x 2M: %.1f Mb/s in %.1f s = %.1f%% of the 1 Gb/s bottleneck"
-          % (result["throughput_bps"] / 1e6, result["seconds"], 100 * share))
+    print(
+        "35 x 2M: %.1f Mb/s in %.1f s = %.1f%% of the 1 Gb/s bottleneck"
+        % (result["throughput_bps"] / 1e6, result["seconds"], 100 * share)
+    )
     assert len(result["streams"]) == 35
     assert share >= 0.90, result["throughput_bps"]
 
@@ -150,7 +160,10 @@ def test_sweep_shows_the_window_limited_and_the_full_regime(wan_run):
 def test_advice_is_within_20_percent_of_the_bdp(wan_run):
     advice = last_json(wan_run / "advise.json")
     rec = advice["recommendation"]
-    print("advice: %d streams x %s = %d bytes, BDP %d bytes" % (rec["streams"], rec["buffer"], rec["product_bytes"], BDP_BYTES))
+    print(
+        "advice: %d streams x %s = %d bytes, BDP %d bytes"
+        % (rec["streams"], rec["buffer"], rec["product_bytes"], BDP_BYTES)
+    )
     assert abs(rec["product_bytes"] / BDP_BYTES - 1) <= 0.20, rec
 
 
