@@ -17,6 +17,8 @@ thresholds in rules/longhaul-thresholds.yml), run it, commit both.
 
     python3 dashboards/generate.py [OUTDIR]     write (default: dashboards/)
     python3 dashboards/generate.py --check [DIR]  fail unless DIR is current
+    python3 dashboards/generate.py --read-back FILE...  fail unless each dashboard
+                                                  reads back through the SDK unchanged
 
 Run it with the project's venv (scripts/setup installs the SDK there):
 $LONGHAUL_CACHE/venv/bin/python3, as scripts/check-dashboards and `make` do.
@@ -1514,8 +1516,21 @@ def problems(dashboards):
 
 
 def main(argv):
-    """Write the dashboards, or with --check compare them with DIR."""
+    """Write the dashboards, or with --check compare them with DIR, or with
+    --read-back read dashboard files through the SDK's schema model."""
     here = Path(__file__).resolve().parent
+    if len(argv) > 1 and argv[1] == "--read-back":
+        found = []
+        for name in argv[2:]:
+            try:
+                found += schema_problems(name, json.loads(Path(name).read_text(encoding="utf-8")))
+            except (OSError, ValueError) as error:
+                found.append("%s: not a dashboard: %s" % (name, error))
+        for problem in found:
+            print("generate.py: " + problem, file=sys.stderr)
+        if not found:
+            print("generate.py: %d dashboards read back unchanged" % len(argv[2:]))
+        return 1 if found or len(argv) < 3 else 0
     dashboards = {name: build() for name, build in DASHBOARDS.items()}
     texts = {
         name: json.dumps(board, indent=2, ensure_ascii=False) + "\n"
