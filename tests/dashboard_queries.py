@@ -46,8 +46,8 @@ from pathlib import Path
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
 
-# Grafana's default when a panel is wider than this many points: the old lab
-# frontend used it too. Grafana's own default follows the panel's width.
+# The data points a panel asks for: Grafana's follows the panel's width in
+# pixels; 1000 is a wide panel's.
 MAX_DATA_POINTS = 1000
 VARIABLE = re.compile(r"\$\{(\w+)(?::(\w+))?\}|\$(\w+)|\[\[(\w+)(?::(\w+))?\]\]")
 
