@@ -5,7 +5,7 @@
 #   make setup             install everything a fresh Debian machine needs (idempotent)
 #   make build             release binaries, completions and man pages into dist/
 #   make test              everything CI runs (runs setup first): the stages below
-#   make lint              rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard checks
+#   make lint              rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard and licence checks
 #   make test-rust         cargo test of the workspace
 #   make test-integration  tests/ on loopback with the built binaries (needs make build)
 #   make test-roles        Molecule: every role's default scenario

@@ -17,6 +17,8 @@ thresholds in rules/longhaul-thresholds.yml), run it, commit both.
 
     python3 dashboards/generate.py [OUTDIR]     write (default: dashboards/)
     python3 dashboards/generate.py --check [DIR]  fail unless DIR is current
+    python3 dashboards/generate.py --read-back FILE...  fail unless each dashboard
+                                                  reads back through the SDK unchanged
 
 Run it with the project's venv (scripts/setup installs the SDK there):
 $LONGHAUL_CACHE/venv/bin/python3, as scripts/check-dashboards and `make` do.
@@ -26,15 +28,15 @@ shares, in the spirit of the Prometheus mixins: Prometheus panels filter by
 `job` and `instance` (the host) and use `$__rate_interval`; router panels
 read Telegraf's SNMP data from InfluxDB with InfluxQL. Threshold lines are
 the alerts' own threshold series (longhaul:threshold:*, rules/), so they
-follow whatever the prometheus role deployed. Every dashboard shows the
-campaigns' annotations (Grafana's own, tag `longhaul`, posted by
-ansible/campaign.yml); the Prometheus dashboards also carry annotations from
-Prometheus: firing longhaul alerts (ALERTS) and sessions (from start to end,
-longhaul_session_info).
+follow whatever the prometheus role deployed. Every dashboard has a campaign
+variable and annotates from Prometheus: each run of the selected campaigns
+(`longhaul send --campaign NAME --run NAME`, which ansible/campaign.yml
+passes; the engine keeps both with the session and the exporter puts them on
+longhaul_session_info), firing longhaul alerts (ALERTS) and sessions (from
+start to end, longhaul_session_info). Nothing is kept in Grafana itself.
 """
 
 import json
-import re
 import sys
 import typing
 from pathlib import Path
@@ -63,8 +65,6 @@ except ImportError as error:  # pragma: no cover - the message is the point
 TAG = "longhaul"
 PROM = model.DataSourceRef(type_val="prometheus", uid="${prometheus_datasource}")
 INFLUX = model.DataSourceRef(type_val="influxdb", uid="${influxdb_datasource}")
-# Grafana's built-in data source: its own annotations, queried by tag.
-GRAFANA = model.DataSourceRef(type_val="grafana", uid="-- Grafana --")
 
 # Telegraf's SNMP table (roles/telegraf): measurement, tags and fields.
 SNMP_MEASUREMENT = "interface"
@@ -84,9 +84,6 @@ UIDS = {
 # The alerts this project ships (rules/longhaul-alerts.yml): shown as
 # annotations while they fire.
 ALERT_NAMES = "Longhaul.+|RouterCountersStale"
-
-# Grafana's own variables the queries may use.
-GRAFANA_VARIABLES = {"__rate_interval", "__interval", "timeFilter"}
 
 # CPU modes the CPU views show (MonALISA's view plus irq).
 CPU_MODES = "user|system|softirq|iowait|irq"
@@ -135,6 +132,7 @@ def threshold(name):
 
 SESSION = 'session=~"$session"'
 PROTOCOL = 'protocol=~"$protocol"'
+CAMPAIGN = 'campaign=~"$campaign"'
 # The end of a stream whose TCP state explains its throughput: the sending
 # socket (the engine lists both ends of each stream).
 SENDER = 'direction="send"'
@@ -144,11 +142,12 @@ RECEIVER = 'direction="receive"'
 def of_protocol(vector):
     """`vector` (series with instance and session labels) kept for the
     sessions whose protocol (longhaul, or iperf3 for iperf3 clients' tests)
-    the protocol variable selects. Over the rate interval, so a session's
-    last rates stay while its info series is already gone."""
+    and campaign the protocol and campaign variables select. Over the rate
+    interval, so a session's last rates stay while its info series is
+    already gone."""
     return "(%s and on (instance, session) %s)" % (
         vector,
-        max_over("longhaul_session_info", SESSION, PROTOCOL),
+        max_over("longhaul_session_info", SESSION, PROTOCOL, CAMPAIGN),
     )
 
 
@@ -272,7 +271,21 @@ def session_var(*extra):
     )
 
 
-SESSION_VAR = session_var()
+SESSION_VAR = session_var(CAMPAIGN)
+
+
+def campaign_var(hosts=True):
+    """The campaigns of longhaul_session_info (a run's `--campaign`, which
+    ansible/campaign.yml sets to the campaign's name), of the selected hosts
+    where the dashboard has job and instance variables. "All" also matches
+    sessions that name no campaign."""
+    series = sel("longhaul_session_info") if hosts else "longhaul_session_info"
+    return query_var(
+        "campaign", "Campaign", PROM, "label_values(%s, campaign)" % series, all_value=".*"
+    )
+
+
+CAMPAIGN_VAR = campaign_var()
 # The protocol a session speaks: longhaul, or iperf3 (an iperf3 client's test
 # against `longhaul serve --iperf3-listen`). "All" also matches sessions of
 # exporters older than the protocol label.
@@ -448,17 +461,32 @@ def row(title):
 
 
 def prometheus_annotations(variable_names):
-    """Annotations from Prometheus: firing longhaul alerts, and every
-    session as a region from its start to its end (the engine lists a session
-    while it runs and for a minute after), tagged with its protocol (longhaul
-    or iperf3). Filtered by the dashboard's instance, session and protocol
-    variables where it has them."""
+    """Annotations from Prometheus: each run of the selected campaigns, firing
+    longhaul alerts, and every session, each run and session a region from its
+    start to its end (the engine lists a session while it runs and for a
+    minute after), sessions tagged with their protocol (longhaul or iperf3).
+    Sessions are filtered by the dashboard's instance, session, protocol and
+    campaign variables where it has them; a campaign's runs by the campaign
+    variable only (a run's session is listed by its receiving engine, which
+    need not be a selected host)."""
     where = ['job=~"$job"'] if "job" in variable_names else []
     where += ['instance=~"$instance"'] if "instance" in variable_names else []
     where += [SESSION] if "session" in variable_names else []
     where += [PROTOCOL] if "protocol" in variable_names else []
+    where += [CAMPAIGN] if "campaign" in variable_names else []
     alert_where = ['alertstate="firing"', 'alertname=~"%s"' % ALERT_NAMES]
     return [
+        Built(
+            PrometheusAnnotationQuery(
+                name="Campaign runs",
+                expr='max by (campaign, run) (longhaul_session_info{%s, campaign!=""})' % CAMPAIGN,
+                icon_color="purple",
+                step="30s",
+                title_format="{{campaign}}: run {{run}}",
+                text_format="campaign {{campaign}}, run {{run}}",
+                tag_keys="campaign,run",
+            )
+        ),
         Built(
             PrometheusAnnotationQuery(
                 name="Longhaul alerts",
@@ -487,25 +515,6 @@ def prometheus_annotations(variable_names):
     ]
 
 
-def campaign_annotation():
-    """Grafana's own annotations tagged `longhaul`: the start and end of every
-    campaign run (ansible/tasks/grafana-annotation.yml)."""
-    return (
-        dashboard_builder.AnnotationQuery()
-        .name("Campaigns")
-        .datasource(GRAFANA)
-        .enable(True)
-        .icon_color("purple")
-        .target(
-            dashboard_builder.AnnotationTarget()
-            .type("tags")
-            .tags([TAG])
-            .match_any(False)
-            .limit(500)
-        )
-    )
-
-
 def dashboard(key, title, description, variables, panels):
     """A dashboard: the shared settings, links, annotations, the variables and
     the panels laid out in order (the SDK's grid layout) with ids 1, 2, ..."""
@@ -531,7 +540,6 @@ def dashboard(key, title, description, variables, panels):
         )
     )
     names = [variable.build().name for variable in variables]
-    board.annotation(campaign_annotation())
     if "prometheus_datasource" in names:
         for annotation in prometheus_annotations(names):
             board.annotation(annotation)
@@ -999,7 +1007,14 @@ def transfer_overview():
         "transfer",
         "longhaul / Transfer overview",
         "Throughput, streams, retransmits, RTT and cwnd of longhaul transfers.",
-        [datasource_var("prometheus"), JOB, INSTANCE, PROTOCOL_VAR, session_var(PROTOCOL)],
+        [
+            datasource_var("prometheus"),
+            JOB,
+            INSTANCE,
+            PROTOCOL_VAR,
+            CAMPAIGN_VAR,
+            session_var(PROTOCOL, CAMPAIGN),
+        ],
         panels,
     )
 
@@ -1101,7 +1116,14 @@ def router_traffic():
         "router",
         "longhaul / Router traffic",
         "Router interface traffic from Telegraf's SNMP polls stored in InfluxDB.",
-        [datasource_var("influxdb"), ROUTER_VAR, INTERFACE_VAR],
+        # Prometheus for the campaign's runs as annotations.
+        [
+            datasource_var("prometheus"),
+            datasource_var("influxdb"),
+            campaign_var(hosts=False),
+            ROUTER_VAR,
+            INTERFACE_VAR,
+        ],
         panels,
     )
 
@@ -1237,7 +1259,15 @@ def disk_io():
         "disk",
         "longhaul / Disk IO",
         "Disk throughput, IOPS and utilisation per device and per RAID controller.",
-        [datasource_var("prometheus"), JOB, INSTANCE, DEVICE_VAR, CONTROLLER_VAR, SESSION_VAR],
+        [
+            datasource_var("prometheus"),
+            JOB,
+            INSTANCE,
+            DEVICE_VAR,
+            CONTROLLER_VAR,
+            CAMPAIGN_VAR,
+            SESSION_VAR,
+        ],
         panels,
     )
 
@@ -1286,7 +1316,7 @@ def cpu():
         "cpu",
         "longhaul / CPU",
         "CPU time per host by mode (user, system, softirq, iowait, irq), softirq on its own.",
-        [datasource_var("prometheus"), JOB, INSTANCE],
+        [datasource_var("prometheus"), JOB, INSTANCE, CAMPAIGN_VAR],
         panels,
     )
 
@@ -1333,7 +1363,8 @@ def campaign():
             JOB,
             INSTANCE,
             PROTOCOL_VAR,
-            session_var(PROTOCOL),
+            CAMPAIGN_VAR,
+            session_var(PROTOCOL, CAMPAIGN),
             DEVICE_VAR,
             ROUTER_VAR,
             INTERFACE_VAR,
@@ -1433,6 +1464,7 @@ def links():
         [
             datasource_var("prometheus"),
             datasource_var("influxdb"),
+            campaign_var(hosts=False),
             LINK_VAR,
             SITE_VAR,
             ROUTER_VAR,
@@ -1470,59 +1502,35 @@ def schema_problems(name, board):
 
 
 def problems(dashboards):
-    """Invariants the linter does not cover for all data sources."""
+    """What lint.py cannot see in the JSON alone: every dashboard reads back
+    through the SDK's schema model unchanged, and links to the others. The
+    rules every dashboard file must pass (data source variables, selectors,
+    $__rate_interval, units, uids, titles) are dashboards/lint.py's, run by
+    scripts/check-dashboards on the files."""
     found = []
     for name, board in dashboards.items():
         found += schema_problems(name, board)
-    for name, board in dashboards.items():
-        variables = {v["name"] for v in board["templating"]["list"]}
-        tags = [a for a in board["annotations"]["list"] if a["datasource"] == GRAFANA.to_json()]
-        if [a["target"]["tags"] for a in tags] != [[TAG]]:
-            found.append("%s: no annotation query of Grafana's %s annotations" % (name, TAG))
-        for annotation in board["annotations"]["list"]:
-            if annotation in tags:
-                continue
-            where = "%s annotation %r" % (name, annotation["name"])
-            if annotation["datasource"]["uid"].strip("${}") not in variables:
-                found.append(where + ": data source is not a dashboard variable")
-            for used in re.findall(r"\$\{?(\w+)", annotation["expr"]):
-                if used not in variables:
-                    found.append(where + ": uses undefined variable $" + used)
-    uids = [d["uid"] for d in dashboards.values()]
-    if len(set(uids)) != len(uids):
-        found.append("dashboard uids are not unique: %s" % uids)
-    for name, board in dashboards.items():
-        variables = {v["name"] for v in board["templating"]["list"]}
         if not board["links"] or board["links"][0]["tags"] != [TAG]:
             found.append("%s: no links to the other %s dashboards" % (name, TAG))
-        for panel in board["panels"]:
-            if panel["type"] == "row":
-                continue
-            where = "%s panel %r" % (name, panel["title"])
-            if not panel.get("description"):
-                found.append(where + ": no description")
-            if not panel["fieldConfig"]["defaults"].get("unit"):
-                found.append(where + ": no unit")
-            uid = panel["datasource"]["uid"]
-            if uid.strip("${}") not in variables:
-                found.append(where + ": data source %s is not a dashboard variable" % uid)
-            for target in panel["targets"]:
-                text = target.get("expr") or target.get("query", "")
-                for used in re.findall(r"\$\{?(\w+)", text):
-                    if used not in variables and used not in GRAFANA_VARIABLES:
-                        found.append(where + ": uses undefined variable $" + used)
-                if target["datasource"] != panel["datasource"]:
-                    found.append(where + ": target data source differs from the panel's")
-                if "expr" in target and "[" in text and "$__rate_interval" not in text:
-                    found.append(where + ": range without $__rate_interval")
-                if "query" in target and "$timeFilter" not in text:
-                    found.append(where + ": InfluxQL query without $timeFilter")
     return found
 
 
 def main(argv):
-    """Write the dashboards, or with --check compare them with DIR."""
+    """Write the dashboards, or with --check compare them with DIR, or with
+    --read-back read dashboard files through the SDK's schema model."""
     here = Path(__file__).resolve().parent
+    if len(argv) > 1 and argv[1] == "--read-back":
+        found = []
+        for name in argv[2:]:
+            try:
+                found += schema_problems(name, json.loads(Path(name).read_text(encoding="utf-8")))
+            except (OSError, ValueError) as error:
+                found.append("%s: not a dashboard: %s" % (name, error))
+        for problem in found:
+            print("generate.py: " + problem, file=sys.stderr)
+        if not found:
+            print("generate.py: %d dashboards read back unchanged" % len(argv[2:]))
+        return 1 if found or len(argv) < 3 else 0
     dashboards = {name: build() for name, build in DASHBOARDS.items()}
     texts = {
         name: json.dumps(board, indent=2, ensure_ascii=False) + "\n"

@@ -388,6 +388,15 @@ class Stack:
             raise AssertionError("PromQL error for %s: %s" % (expr, answer))
         return answer["data"]["result"]
 
+    def prom_label_values(self, label, match, start, end):
+        """The values of `label` over [start, end], of the series `match` selects (or all)."""
+        params = {"start": "%.0f" % start, "end": "%.0f" % end}
+        if match:
+            params["match[]"] = match
+        return self._query("%s/api/v1/label/%s/values" % (self.prometheus_url, label), params)[
+            "data"
+        ]
+
     def influxql(self, query):
         """Query the routers database; returns the list of series, raises on error."""
         params = {"db": INFLUX_DB, "q": query, "epoch": "s"}

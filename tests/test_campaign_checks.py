@@ -193,3 +193,22 @@ def test_campaign_passes_plain_disk_dests_on_to_the_hosts(tmp_path):
     assert done.returncode != 0, out[-3000:]
     assert "Start the receivers' engine" in out and "UNREACHABLE" in out, out[-3000:]
     assert (tmp_path / "results" / "disk-ok_1").is_dir(), out[-3000:]
+
+
+@pytest.mark.parametrize(
+    "run_name, name, task",
+    [
+        pytest.param("r" * 65, "bad", "Check the campaign's runs", id="run-65"),
+        pytest.param("r", "c" * 65, "Check the campaign's name", id="campaign-65"),
+    ],
+)
+def test_campaign_refuses_names_its_series_cannot_carry(tmp_path, run_name, name, task):
+    """The campaign's and each run's names become --campaign and --run, which
+    the engine takes up to 64 characters long: longer is refused before any
+    host is touched, not by every sender at its start."""
+    run = {"name": run_name, "sender": "xfer-a", "receiver": "xfer-b"}
+    done = run_campaign(tmp_path, [run], name=name)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert task in out and "at most 64" in out, out[-3000:]
+    assert not (tmp_path / "results").exists(), out[-3000:]

@@ -1,20 +1,21 @@
-"""Every Grafana dashboard panel returns data from a live stack.
+"""Every Grafana dashboard panel and annotation query returns data from a live
+stack, queried as Grafana would query it (tests/dashboard_queries.py: its
+variables, formats and macros, from Grafana's documentation; no Grafana).
 
-The fast, unit-level check of the queries (the lab's tests/lab/test_grafana.py
-sends every panel through a real Grafana). Without Grafana, this test does
-what Grafana would: it reads every dashboard in dashboards/, extracts each
-panel's queries, substitutes the template variables the way Grafana does with "All" selected,
-and runs them against a real Prometheus (PromQL) and InfluxDB (InfluxQL).
 The stack (tests/stack.py) is fed by the real exporters and Telegraf during
-a real `longhaul send` on loopback: a memory-to-memory transfer (with an
-iperf3 transfer beside it, the other tools' TCP flows), then a short
-disk-to-disk one for the engine's per-device panels. The Transfer
-overview's total throughput must agree with the engine's own numbers.
+real `longhaul send`s on loopback, two runs of one campaign (`--campaign
+stack-campaign --run ...`): a memory-to-memory transfer (with an iperf3
+transfer beside it, the other tools' TCP flows), then a short disk-to-disk
+one for the engine's per-device panels. Every target of every panel of
+every dashboard returns data (and a copy of a dashboard with one wrong
+metric name does not); every dashboard's "Campaign runs" annotations show
+both runs, each from its start to its end; the Transfer overview's total
+throughput agrees with the engine's own numbers. The lab runs the same
+checks during a campaign (tests/lab/test_dashboards.py).
 """
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -24,7 +25,8 @@ import pytest
 import yaml
 
 import helpers
-from stack import RATE_INTERVAL, ROUTER, Stack
+from dashboard_queries import Dashboard, empty_targets, load_dashboards, panels_of
+from stack import ROUTER, SCRAPE_S, Stack
 
 DASHBOARDS = helpers.REPO / "dashboards"
 RULES = helpers.REPO / "rules"
@@ -37,63 +39,28 @@ DISK_RATE = "200M"
 # Interval lines of the memory transfer left out of the steady window.
 SKIP_FIRST, SKIP_LAST = 3, 2
 TOLERANCE = 0.10
-# Grafana's $__interval for InfluxQL panels in a short time range.
-INFLUX_INTERVAL = "2s"
+# The InfluxDB data source's minimum interval for this stack (Telegraf polls every second).
+INFLUX_MIN_S = 2
+# The campaign and runs the stack's transfers name.
+CAMPAIGN = "stack-campaign"
+RUNS = ("memory", "disk")
 
 # Panels that can only show data while the engine runs in disk mode.
 DISK_MODE_PANELS = {("disk-io.json", "Engine IO per device")}
 
 
-# --- reading dashboards ---------------------------------------------------------
-
-
-def load_dashboards():
-    return {path.name: json.loads(path.read_text()) for path in sorted(DASHBOARDS.glob("*.json"))}
-
-
-def panels_of(board):
-    for panel in board["panels"]:
-        yield panel
-        yield from panel.get("panels", [])
-
-
 def panel_targets():
-    """(dashboard file, panel title, refId, target) of every query."""
-    found = []
-    for name, board in load_dashboards().items():
-        for panel in panels_of(board):
-            if panel["type"] == "row":
-                continue
-            for target in panel["targets"]:
-                found.append((name, panel["title"], target["refId"], target))
-    return found
+    """(dashboard file, panel title, refId) of every query."""
+    return [
+        (name, panel["title"], target["refId"])
+        for name, board in load_dashboards().items()
+        for panel in panels_of(board)
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]
 
 
 TARGETS = panel_targets()
-
-
-def variables_of(name):
-    return load_dashboards()[name]["templating"]["list"]
-
-
-# --- Grafana's variable substitution ----------------------------------------------
-
-VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
-
-
-def substitute(text, values):
-    def one(match):
-        name = match.group(1) or match.group(2)
-        if name not in values:
-            raise AssertionError("unknown variable $%s in %r" % (name, text))
-        return values[name]
-
-    return VARIABLE.sub(one, text)
-
-
-def influx_regex(values):
-    """How Grafana renders a multi-value InfluxDB variable inside /^...$/."""
-    return "(" + "|".join(re.escape(v).replace("/", "\\/") for v in values) + ")"
 
 
 # --- the live stack --------------------------------------------------------------
@@ -108,6 +75,7 @@ class Run:
         self.intervals = []  # (arrival wall time, interval line)
         self.disk_ok = False
         self.disk_error = ""
+        self.runs = {}  # run name -> (start, end), wall time
 
 
 def run_memory_transfer(stack, longhaul, run):
@@ -123,7 +91,12 @@ def run_memory_transfer(stack, longhaul, run):
         "--interval",
         "1",
         "--json",
+        "--campaign",
+        CAMPAIGN,
+        "--run",
+        "memory",
     ]
+    started = time.time()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # A hung sender must not hang the test: kill it well after its --time.
     watchdog = threading.Timer(MEMORY_SECONDS + 60, process.kill)
@@ -139,6 +112,7 @@ def run_memory_transfer(stack, longhaul, run):
     process.wait()
     watchdog.cancel()
     reader.join(timeout=5)
+    run.runs["memory"] = (started, time.time())
     assert process.returncode == 0, "longhaul send failed: %s" % "".join(errors)
     assert lines, "longhaul send --json printed nothing"
     run.memory_report = lines[-1][1]
@@ -164,9 +138,15 @@ def run_disk_transfer(stack, longhaul, run, workdir):
         "--json",
         "--dest",
         "disk-test",
+        "--campaign",
+        CAMPAIGN,
+        "--run",
+        "disk",
         str(source / "payload.bin"),
     ]
+    started = time.time()
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    run.runs["disk"] = (started, time.time())
     run.disk_ok = done.returncode == 0
     run.disk_error = done.stderr.strip()[-2000:]
 
@@ -212,48 +192,10 @@ def time_range(run):
     return run.started, time.time()
 
 
-def prom_values(name):
-    """Grafana's rendering of the Prometheus variables with "All" selected."""
-    values = {"__rate_interval": RATE_INTERVAL}
-    for variable in variables_of(name):
-        if variable["type"] == "datasource":
-            values[variable["name"]] = variable["name"]
-        elif variable["datasource"]["type"] == "prometheus":
-            values[variable["name"]] = variable["allValue"]
-    return values
-
-
-def prom_regex(values):
-    """How Grafana renders a multi-value variable inside a PromQL "..." matcher:
-    a regex escape is a doubled backslash there."""
-    return "(" + "|".join(re.sub(r"[$^*{}\[\]'+?.()|\\]", r"\\\\\g<0>", v) for v in values) + ")"
-
-
-def influx_found(stack, name, start, end):
-    """The values of the InfluxDB variables, each found by its own query (the
-    time filter and the variables before it substituted)."""
-    values = {"timeFilter": "time >= %dms AND time <= %dms" % (start * 1000, end * 1000)}
-    found_by = {}
-    for variable in variables_of(name):
-        if variable["type"] == "query" and variable["datasource"]["type"] == "influxdb":
-            query = substitute(variable["query"], values)
-            found = [row[1] for series in stack.influxql(query) for row in series["values"]]
-            assert found, "variable %s of %s has no values (%s)" % (variable["name"], name, query)
-            found_by[variable["name"]] = found
-            values[variable["name"]] = influx_regex(found)
-    return found_by
-
-
-def influx_values(stack, name, start, end):
-    """Grafana's rendering of the InfluxDB variables with "All" selected: the
-    alternation of every value their own queries return."""
-    values = {
-        "__interval": INFLUX_INTERVAL,
-        "timeFilter": "time >= %dms AND time <= %dms" % (start * 1000, end * 1000),
-    }
-    for variable, found in influx_found(stack, name, start, end).items():
-        values[variable] = influx_regex(found)
-    return values
+def dashboard(stack, run, board, **options):
+    """A dashboard over the stack's whole run, its variables resolved as Grafana would."""
+    start, end = time_range(run)
+    return Dashboard(board, stack, start, end, SCRAPE_S, INFLUX_MIN_S, **options)
 
 
 def steady_window(run):
@@ -287,51 +229,98 @@ def test_disk_transfer_ran(live):
 
 
 @pytest.mark.parametrize(
-    "name,title,ref,target",
+    "name,title,ref",
     TARGETS,
-    ids=["%s:%s:%s" % (name[:-5], title, ref) for name, title, ref, _ in TARGETS],
+    ids=["%s:%s:%s" % (name[:-5], title, ref) for name, title, ref in TARGETS],
 )
-def test_panel_returns_data(live, name, title, ref, target):
+def test_panel_returns_data(live, name, title, ref):
+    """The target's query, its variables resolved and rendered and Grafana's
+    macros expanded as Grafana does, returns data: a range query over the
+    whole run, or an instant one in the middle of the steady transfer (an
+    instant panel shows "now")."""
     stack, run = live
-    start, end = time_range(run)
-    if "expr" in target:
-        # A PromQL target may use an InfluxDB variable too (the Links dashboard
-        # selects Telegraf's router series by the router and interface variables).
-        values = prom_values(name)
-        for variable, found in influx_found(stack, name, start, end).items():
-            values[variable] = prom_regex(found)
-        expr = substitute(target["expr"], values)
-        if target.get("instant"):
-            # Instant panels show "now": take now as during the transfer.
-            steady_start, steady_end, _ = steady_window(run)
-            result = stack.promql(expr, at=(steady_start + steady_end) / 2)
-        else:
-            result = stack.prom_range(expr, start, end)
-    else:
-        query = substitute(target["query"], influx_values(stack, name, start, end))
-        result = stack.influxql(query)
+    board = dashboard(stack, run, load_dashboards()[name])
+    steady_start, steady_end, _ = steady_window(run)
+    target, source_type, query = next(
+        (target, source_type, query)
+        for panel, target, source_type, query in board.targets()
+        if panel == title and target["refId"] == ref
+    )
+    result = board.run_target(target, source_type, query, at=(steady_start + steady_end) / 2)
     if not result and (name, title) in DISK_MODE_PANELS:
         assert run.disk_ok, "needs the engine's disk mode, which failed: %s" % run.disk_error
-    assert result, "panel %r of %s returned no data for %s" % (title, name, target)
+    assert result, "panel %r of %s returned no data for %s" % (title, name, query)
+
+
+def test_a_wrong_metric_name_leaves_its_panel_without_data(live):
+    """The check above can fail: a copy of a dashboard with one metric name
+    misspelt has exactly that panel's target empty, and every other target
+    still returns data."""
+    stack, run = live
+    board = load_dashboards()["cpu.json"]
+    wrong = json.loads(
+        json.dumps(board).replace("node_cpu_seconds_total", "node_cpu_second_total", 1)
+    )
+    assert wrong != board
+    steady_start, steady_end, _ = steady_window(run)
+    at = (steady_start + steady_end) / 2
+    assert empty_targets(dashboard(stack, run, board), at) == []
+    empty = empty_targets(dashboard(stack, run, wrong), at)
+    assert len(empty) == 1 and "node_cpu_second_total" in empty[0], empty
 
 
 def test_variables_have_values(live):
-    """Every Prometheus variable's own query finds values."""
+    """Every query variable's own query finds values, those of the InfluxDB
+    variables and the campaign variable included (Dashboard fails on one
+    that finds none)."""
     stack, run = live
-    start, end = time_range(run)
-    for name in load_dashboards():
-        values = prom_values(name)
-        for variable in variables_of(name):
-            if variable["type"] != "query" or variable["datasource"]["type"] != "prometheus":
-                continue
-            match = re.fullmatch(r"label_values\((.*), *(\w+)\)", variable["query"])
-            assert match, "unexpected variable query %s" % variable["query"]
-            selector, label = substitute(match.group(1), values), match.group(2)
-            answer = helpers.get_json(
-                "%s/api/v1/label/%s/values" % (stack.prometheus_url, label),
-                {"match[]": selector, "start": "%.0f" % start, "end": "%.0f" % end},
-            )
-            assert answer["data"], "variable %s of %s has no values" % (variable["name"], name)
+    for name, board in load_dashboards().items():
+        found = dashboard(stack, run, board).found
+        if "campaign" in found:
+            assert CAMPAIGN in found["campaign"], (name, found["campaign"])
+
+
+def test_every_dashboard_annotates_the_campaign_s_runs(live):
+    """Each dashboard's "Campaign runs" annotation query, run as Grafana runs
+    it, draws one region per run of the campaign, from (about) the run's start
+    to its end, titled with the campaign and the run; the engine lists a
+    session for a minute after it ends, so a region may end up to that much
+    (and a step) later. Selecting another campaign shows none of them."""
+    stack, run = live
+    step = 30
+    # Grafana samples an annotation query every step, on step-aligned instants:
+    # the range must reach a step past the last run (listed a minute after it).
+    time.sleep(max(0, max(end for _, end in run.runs.values()) + step - time.time()))
+    for name, board in load_dashboards().items():
+        regions = dashboard(stack, run, board).annotations("Campaign runs")
+        ours = {r["labels"]["run"]: r for r in regions if r["labels"].get("campaign") == CAMPAIGN}
+        assert set(ours) == set(RUNS), (name, regions)
+        for run_name, (started, ended) in run.runs.items():
+            region = ours[run_name]
+            assert region["title"] == "%s: run %s" % (CAMPAIGN, run_name), region
+            assert started - step <= region["start"] <= started + step, (name, region, started)
+            assert ended - step <= region["end"] <= ended + 60 + step, (name, region, ended)
+        other = dashboard(
+            stack, run, board, chosen={"campaign": "no-such-campaign"}, allow_empty=True
+        )
+        assert other.annotations("Campaign runs") == [], name
+
+
+def test_session_annotations_and_panels_follow_the_campaign_variable(live):
+    """The Transfer overview's Sessions annotation and session panels keep
+    the selected campaign's sessions: both runs with the campaign, none with
+    another one."""
+    stack, run = live
+    board = load_dashboards()["transfer-overview.json"]
+    sessions = dashboard(stack, run, board).annotations("Sessions")
+    assert len({r["labels"]["session"] for r in sessions}) >= 2, sessions
+    other = dashboard(stack, run, board, chosen={"campaign": "no-such-campaign"}, allow_empty=True)
+    assert other.annotations("Sessions") == []
+    panel = next(p for p in panels_of(board) if p["title"] == "Throughput per session")
+    for chosen, shown in ((CAMPAIGN, True), ("no-such-campaign", False)):
+        view = dashboard(stack, run, board, chosen={"campaign": chosen}, allow_empty=True)
+        ((_, target, source_type, query),) = [t for t in view.targets() if t[0] == panel["title"]]
+        assert bool(view.run_target(target, source_type, query)) == shown, (chosen, query)
 
 
 def test_total_throughput_matches_engine(live):
@@ -341,11 +330,12 @@ def test_total_throughput_matches_engine(live):
     board = load_dashboards()["transfer-overview.json"]
     panel = next(p for p in panels_of(board) if p["title"] == "Total throughput")
     start, end, engine_bps = steady_window(run)
-    values = prom_values("transfer-overview.json")
     # Grafana widens $__rate_interval with the time range; over exactly the
     # window the panel's value is the window's mean.
-    values["__rate_interval"] = "%dms" % ((end - start) * 1000)
-    expr = substitute(panel["targets"][0]["expr"], values)
+    window = "%dms" % ((end - start) * 1000)
+    expr = dashboard(stack, run, board).render(
+        panel["targets"][0]["expr"].replace("$__rate_interval", window), "prometheus"
+    )
     result = stack.promql(expr, at=end)
     by_direction = {
         series["metric"].get("direction"): float(series["value"][1]) for series in result
@@ -371,16 +361,15 @@ def test_protocol_variable_selects_sessions(live):
     iperf3 runs against iperf3's own server, no longhaul session), so
     protocol=longhaul shows them and protocol=iperf3 shows none."""
     stack, run = live
-    start, end = time_range(run)
     board = load_dashboards()["transfer-overview.json"]
     panel = next(p for p in panels_of(board) if p["title"] == "Throughput per session")
     (target,) = panel["targets"]
     assert "$protocol" in target["expr"], target["expr"]
-    values = prom_values("transfer-overview.json")
     shown = {}
     for protocol in ("longhaul", "iperf3"):
-        values["protocol"] = protocol
-        result = stack.prom_range(substitute(target["expr"], values), start, end)
+        view = dashboard(stack, run, board, chosen={"protocol": protocol}, allow_empty=True)
+        ((_, target, source_type, query),) = [t for t in view.targets() if t[0] == panel["title"]]
+        result = view.run_target(target, source_type, query)
         shown[protocol] = {series["metric"]["session"] for series in result}
     assert shown["longhaul"], "protocol=longhaul shows no session"
     assert shown["iperf3"] == set(), "protocol=iperf3 shows longhaul sessions: %s" % shown

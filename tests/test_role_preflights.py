@@ -79,8 +79,20 @@ def test_the_exporter_reads_the_engine_where_the_inventory_put_it(tmp_path):
     # it kept reading 127.0.0.1:7401 and saw no engine.
     out = tmp_path / "url"
     tasks = [
-        {"ansible.builtin.include_role": {"name": "longhaul_exporter", "tasks_from": "preflight.yml", "public": True}},
-        {"ansible.builtin.copy": {"content": "{{ longhaul_exporter_engine_url }}", "dest": str(out), "mode": "0644"}},
+        {
+            "ansible.builtin.include_role": {
+                "name": "longhaul_exporter",
+                "tasks_from": "preflight.yml",
+                "public": True,
+            }
+        },
+        {
+            "ansible.builtin.copy": {
+                "content": "{{ longhaul_exporter_engine_url }}",
+                "dest": str(out),
+                "mode": "0644",
+            }
+        },
     ]
     for stats, url in [
         ("0.0.0.0:7411", "http://127.0.0.1:7411"),
@@ -96,3 +108,53 @@ def test_the_exporter_reads_the_engine_where_the_inventory_put_it(tmp_path):
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert out.read_text() == url, (stats, out.read_text())
+
+
+# The grafana role: what it needs besides the install settings.
+GRAFANA = {"grafana_admin_password": "not-the-default"}
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (
+            {
+                "grafana_install": True,
+                "grafana_install_method": "deb",
+                "grafana_deb_src": "/nonexistent.deb",
+            },
+            "grafana_install_method=deb needs grafana_deb_src",
+        ),
+        (
+            {"grafana_install": True, "grafana_install_method": "artifact"},
+            "grafana_install_method=artifact needs grafana_artifact_src",
+        ),
+        ({"grafana_install_method": "snap"}, "must be repo, deb or artifact"),
+        ({"grafana_version": "9.5.2"}, "is not a Grafana release of 10.4 or newer"),
+    ],
+    ids=["deb-missing", "artifact-missing", "method", "too-old"],
+)
+def test_the_grafana_role_refuses_what_it_cannot_install(tmp_path, overrides, says):
+    passed, output = preflight(tmp_path, "grafana", **{**GRAFANA, **overrides})
+    assert not passed, output[-3000:]
+    assert says in output, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"grafana_install": True, "grafana_version": "10.4.15"},
+        {
+            "grafana_install": "auto",
+            "grafana_install_method": "deb",
+            "grafana_deb_src": "/nonexistent.deb",
+        },
+        {"grafana_install": "auto"},
+    ],
+    ids=["pinned", "auto-deb-missing", "auto-repo"],
+)
+def test_the_grafana_role_takes_what_it_can_install_or_provisions_only(tmp_path, overrides):
+    passed, output = preflight(tmp_path, "grafana", **{**GRAFANA, **overrides})
+    assert passed, output[-3000:]
+    skipped = "Grafana is NOT installed" in output
+    assert skipped == (overrides["grafana_install"] is not True), output[-3000:]

@@ -1,7 +1,7 @@
 """Handles on the running lab for the end-to-end tests (tests/lab): its
-scripts, playbooks, containers, and its Prometheus, Alertmanager, InfluxDB
-and Grafana APIs (the same query methods as tests/stack.py's Stack, so the
-dashboard checks run against either)."""
+scripts, playbooks, containers, and its Prometheus, Alertmanager and
+InfluxDB APIs (the same query methods as tests/stack.py's Stack, so the
+dashboard checks of tests/dashboard_queries.py run against either)."""
 
 import base64
 import datetime
@@ -25,15 +25,20 @@ from delay_path import PathCheck, delay_line_samples  # noqa: E402  (tests/, aft
 LAB = REPO / "lab"
 SITE = REPO / "ansible" / "site.yml"
 # The monitor's settings the tests derive their timings from (scrape
-# interval, Grafana's data source intervals): lab/inventory/group_vars/monitoring.
+# interval, the dashboards' data source intervals): lab/inventory/group_vars/monitoring.
 MONITORING_VARS = yaml.safe_load(
     (LAB / "inventory" / "group_vars" / "monitoring" / "main.yml").read_text()
 )
+# The lab's scrape interval (the Prometheus data source's, so $__rate_interval
+# is 4 x it) and the InfluxDB data source's minimum interval (the router panels'
+# $__interval), in seconds: what tests/dashboard_queries.py's Dashboard takes.
+SCRAPE_S = int(MONITORING_VARS["prometheus_global"]["scrape_interval"].rstrip("s"))
+INFLUX_MIN_S = int(MONITORING_VARS["grafana_datasource_influxdb_time_interval"].rstrip("s"))
 CAMPAIGN = REPO / "ansible" / "campaign.yml"
 VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
 
 # Generous ceilings: the machine has 2 cores shared with everything else. The first
-# site.yml run installs five hosts (central Prometheus, Grafana from its artifact):
+# site.yml run installs five hosts (the monitor and a central Prometheus among them):
 # more than 15 min measured under a load of 20 on 2 cores (merge of issues 19 and 20).
 PLAYBOOK_TIMEOUT_S = 1800
 HTTP_TIMEOUT_S = 10
@@ -103,7 +108,7 @@ class PlaybookRun:
         return "\n".join(self.output.splitlines()[-lines:])
 
     def changed_tasks(self):
-        """"host: TASK [role : name]" for every task that reported a change."""
+        """ "host: TASK [role : name]" for every task that reported a change."""
         found, task = [], "?"
         for line in self.output.splitlines():
             if line.startswith("TASK ["):
@@ -125,7 +130,6 @@ class Lab:
         self.alertmanager_url = "http://%s:9093" % self.monitor
         self.influxdb_url = "http://%s:8086" % self.monitor
         self.central_url = "http://%s:9090" % env["LAB_IP_CENTRAL"]
-        self.grafana_url = "http://%s:3000" % self.monitor
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
@@ -225,21 +229,25 @@ class Lab:
         runs = sorted(p for p in (Path(results_dir) / name).glob("*") if p.is_dir())
         return run, (runs[-1] if runs else None)
 
-    def send_command(self, seconds, streams=8, rate_bps=None):
+    def send_command(self, seconds, streams=8, rate_bps=None, campaign=None, run=None):
         """The shell command of a memory `longhaul send` xfer-a -> xfer-b (2M
-        buffers, JSON report), paced to rate_bps when given."""
+        buffers, JSON report), paced to rate_bps when given, naming a campaign
+        and a run when given."""
         return (
             "/usr/local/bin/longhaul send --to %s:7400 --streams %d --buffer 2M%s --time %d "
-            "--token-file /etc/longhaul/token --json"
+            "--token-file /etc/longhaul/token --json%s"
             % (
                 self.address["xfer-b"],
                 streams,
                 " --rate %d" % rate_bps if rate_bps else "",
                 seconds,
+                "".join(
+                    " --%s %s" % pair for pair in (("campaign", campaign), ("run", run)) if pair[1]
+                ),
             )
         )
 
-    def start_long_transfer(self, seconds, streams=8):
+    def start_long_transfer(self, seconds, streams=8, campaign=None, run=None):
         """send_command's transfer in the background; returns its Popen, for
         stop_long_transfer."""
         return subprocess.Popen(
@@ -250,7 +258,10 @@ class Lab:
                 "sh",
                 "-c",
                 "echo $$ >%s; exec %s"
-                % (LONG_TRANSFER_PIDFILE, self.send_command(seconds, streams)),
+                % (
+                    LONG_TRANSFER_PIDFILE,
+                    self.send_command(seconds, streams, campaign=campaign, run=run),
+                ),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -294,8 +305,18 @@ class Lab:
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
+    def prom_label_values(self, label, match, start, end):
+        """The values of `label` over [start, end] of the series `match` selects (or all)."""
+        params = {"start": "%.0f" % start, "end": "%.0f" % end}
+        if match:
+            params["match[]"] = match
+        answer = self.get_json("%s/api/v1/label/%s/values" % (self.prometheus_url, label), params)
+        assert answer["status"] == "success", answer
+        return answer["data"]
+
     def influxql(self, query, db="routers"):
-        """A query as Grafana runs it: InfluxDB's reader user (influxdb_users)."""
+        """A query as the dashboards' data source runs it: InfluxDB's reader
+        user (influxdb_users; the one the grafana role provisions)."""
         answer = self.get_json(
             self.influxdb_url + "/query",
             {"db": db, "q": query, "epoch": "ms"},
@@ -312,12 +333,6 @@ class Lab:
             {"active": "true", "silenced": "false", "inhibited": "false"},
         )
         return [a for a in found if a["labels"].get("alertname") == name]
-
-    def grafana(self, path, body=None, params=None):
-        """The lab Grafana's HTTP API as its admin (the password lab/up generated)."""
-        return grafana_api(
-            self.grafana_url, self.secret("grafana-admin-password"), path, body, params
-        )
 
     def ready(self, url):
         with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
@@ -342,37 +357,6 @@ class Lab:
             for alert in rule.get("alerts", [])
         }
         return states
-
-
-def grafana_api(url, admin_password, path, body=None, params=None):
-    """Grafana's HTTP API at `url` as its admin: GET, or POST of a JSON body;
-    returns the decoded answer, raises HTTPError on 4xx/5xx."""
-    url += path
-    if params:
-        url += "?" + urllib.parse.urlencode(params, doseq=True)
-    request = urllib.request.Request(
-        url,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={
-            "Authorization": basic_auth("admin", admin_password),
-            "Content-Type": "application/json",
-        },
-    )
-    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
-        return json.load(answer)
-
-
-def frame_values(frames):
-    """The non-null values of the number fields of Grafana's data frames (an
-    /api/ds/query answer)."""
-    return [
-        v
-        for frame in frames
-        for field, column in zip(frame["schema"]["fields"], frame["data"]["values"])
-        if field.get("type") == "number"
-        for v in column
-        if v is not None
-    ]
 
 
 def basic_auth(user, password):

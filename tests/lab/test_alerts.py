@@ -25,8 +25,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from grafana_frontend import Dashboard
-from labkit import REPO, wait_until
+from dashboard_queries import Dashboard
+from labkit import INFLUX_MIN_S, REPO, SCRAPE_S, wait_until
 
 STREAMS = 8
 # The steady transfer: paced well below the lab's 200 Mb/s bottleneck.
@@ -116,44 +116,32 @@ def drop_mails(found, session, status):
 
 
 def engine_sessions(lab):
-    return json.loads(lab.sh("xfer-b", "python3 -c \"%s\"" % ENGINE_SESSIONS).stdout)["sessions"]
+    return json.loads(lab.sh("xfer-b", 'python3 -c "%s"' % ENGINE_SESSIONS).stdout)["sessions"]
 
 
 def annotation_results(lab, start, end):
-    """Every Prometheus annotation query of the Transfer overview, run through
-    Grafana as its frontend runs them (grafana_frontend.py: the variables
-    resolved through Grafana, /api/ds/query), over [start, end]; name -> series."""
-    dashboard = Dashboard(lab, "longhaul-transfer-overview", int(start * 1000), int(end * 1000))
+    """Every Prometheus annotation query of the Transfer overview over [start,
+    end], run as Grafana runs them (tests/dashboard_queries.py: its variables
+    resolved against the lab's Prometheus, every value they find selected);
+    name -> the regions it draws."""
+    board = json.loads((REPO / "dashboards" / "transfer-overview.json").read_text())
+    dashboard = Dashboard(board, lab, start, end, SCRAPE_S, INFLUX_MIN_S, every_value=True)
     return {
-        annotation["name"]: dashboard.prometheus_annotation(annotation)
-        for annotation in dashboard.annotations()
+        name: dashboard.annotations(name)
+        for name, annotation in dashboard.annotation_queries().items()
         if annotation["datasource"].get("type") == "prometheus"
     }
 
 
 def drop_annotations(annotations, session):
     """The firing LonghaulThroughputDrop of `session` among the dashboard's
-    "Longhaul alerts" annotation series."""
+    "Longhaul alerts" annotations."""
     return [
-        s
-        for s in annotations.get("Longhaul alerts", [])
-        if s["metric"].get("alertname") == "LonghaulThroughputDrop"
-        and s["metric"].get("session") == session
-        and s["values"]
+        r
+        for r in annotations.get("Longhaul alerts", [])
+        if r["labels"].get("alertname") == "LonghaulThroughputDrop"
+        and r["labels"].get("session") == session
     ]
-
-
-def regions(series, gap_s):
-    """Grafana's regions of an annotation series: runs of samples no more
-    than gap_s apart -> [(start, end)]."""
-    times = [float(t) for t, _ in series["values"]]
-    found, first = [], times[0]
-    for before, after in zip(times, times[1:]):
-        if after - before > gap_s:
-            found.append((first, before))
-            first = after
-    found.append((first, times[-1]))
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +155,7 @@ def scenario(provisioned):
     # 1. The steady transfer.
     steady = lab.sh(
         "xfer-a",
-        lab.send_command(
-            STEADY_SECONDS, STREAMS, int(lab.bottleneck_bps * STEADY_RATE_FRACTION)
-        ),
+        lab.send_command(STEADY_SECONDS, STREAMS, int(lab.bottleneck_bps * STEADY_RATE_FRACTION)),
         timeout=STEADY_SECONDS + 120,
     )
     report = json.loads(steady.stdout.strip().splitlines()[-1])
@@ -264,7 +250,8 @@ def scenario(provisioned):
             seen.errors.append(str(error))
         seen.high_retransmits = lab.promql(
             'max_over_time(ALERTS{alertname="LonghaulHighRetransmits", alertstate="firing", '
-            'session="%s"}[%ds])' % (seen.session, int(time.time() - seen.drop_at) + BASELINE_S + 60)
+            'session="%s"}[%ds])'
+            % (seen.session, int(time.time() - seen.drop_at) + BASELINE_S + 60)
         )
         seen.sender_alive = sender.poll() is None
     finally:
@@ -319,25 +306,28 @@ def test_restoring_the_rate_resolves_it(scenario):
 
 def test_the_steady_transfer_produced_no_message(scenario):
     about_steady = [
-        hook
-        for hook in scenario.final["hooks"]
-        if scenario.steady_session in json.dumps(hook)
+        hook for hook in scenario.final["hooks"] if scenario.steady_session in json.dumps(hook)
     ] + [mail for mail in scenario.final["mails"] if scenario.steady_session in mail["text"]]
     assert not about_steady, about_steady
 
 
 def test_annotation_queries_find_the_alert_and_the_sessions(scenario):
-    """The dashboard's Prometheus annotations, through Grafana: the firing drop
-    of the session, and each session as a region from its start to its end."""
+    """The dashboard's Prometheus annotations, run as Grafana runs them: the
+    firing drop of the session, and each session as a region from its start
+    to its end."""
     alerts = scenario.annotations["Longhaul alerts"]
     drop = drop_annotations(scenario.annotations, scenario.session)
     assert drop, "the alert annotation does not show the firing drop: %s" % alerts
-    sessions = {s["metric"]["session"]: s for s in scenario.annotations["Sessions"]}
+    sessions = {}
+    for region in scenario.annotations["Sessions"]:
+        sessions.setdefault(region["labels"]["session"], []).append(region)
     assert {scenario.steady_session, scenario.session} <= set(sessions), sessions.keys()
     step = annotation_step_s()
-    ((start, end),) = regions(sessions[scenario.steady_session], 2 * step)
-    print("steady session region %.0f..%.0f, transfer %.0f..%.0f"
-          % (start, end, scenario.steady_start, scenario.steady_end))
+    ((start, end),) = [(r["start"], r["end"]) for r in sessions[scenario.steady_session]]
+    print(
+        "steady session region %.0f..%.0f, transfer %.0f..%.0f"
+        % (start, end, scenario.steady_start, scenario.steady_end)
+    )
     # Listed from its handshake until a minute after its end (the engine's
     # retention), sampled at the annotation's step.
     assert abs(start - scenario.steady_start) <= step + 15

@@ -8,11 +8,10 @@ containers join the lab networks (docker network connect). Checks: first an
 empty stack (no inventory, as before any host is provisioned) raises no
 alert; then, against the lab: every Prometheus target up, Alertmanager
 reached, longhaul and node series present, the router's series
-in InfluxDB (written by Telegraf with its own user, read with Grafana's) under
-the retention policy of the influxdb role, Grafana (a profile, off by default;
-its image built from the scripts/build-grafana artifact) serving every
-dashboard and answering queries through both datasources, the upstream-images
-override well formed; then the stack is removed.
+in InfluxDB (written by Telegraf with its own user, read with the dashboards'
+reader) under the retention policy of the influxdb role, no Grafana in the
+stack (users bring their vendor's), the upstream-images override well formed;
+then the stack is removed.
 """
 
 import contextlib
@@ -22,16 +21,13 @@ import subprocess
 import urllib.error
 
 import pytest
-from labkit import INVENTORY, LAB, REPO, Lab, frame_values, grafana_api, transfer_hosts, wait_until
+from labkit import INVENTORY, LAB, REPO, Lab, transfer_hosts, wait_until
 
 import helpers
 
 PROJECT = "longhaul-test-%d" % os.getpid()
 # Image builds (first run only) and start-up on a busy 2-core machine.
 UP_TIMEOUT_S = 900
-# Grafana's first start creates its database (a minute on a busy machine).
-GRAFANA_START_S = 300
-DASHBOARDS = REPO / "dashboards"
 GENERATED = LAB / "compose" / "generated"
 
 
@@ -46,16 +42,15 @@ def compose(*args, check=True, project=PROJECT):
 
 
 @contextlib.contextmanager
-def compose_stack(project, inventory=None, grafana=False):
+def compose_stack(project, inventory=None):
     """lab/compose/up on free ports (rendered with `inventory`'s hosts and
-    routers, or none; with the grafana profile if asked), yields the services'
+    routers, or none), yields the services'
     URLs, then lab/compose/down. Both stacks render into
     lab/compose/generated/: one at a time."""
     ports = {
         "LONGHAUL_PROMETHEUS_PORT": helpers.free_port(),
         "LONGHAUL_ALERTMANAGER_PORT": helpers.free_port(),
         "LONGHAUL_INFLUXDB_PORT": helpers.free_port(),
-        "LONGHAUL_GRAFANA_PORT": helpers.free_port(),
     }
     env = Lab.env_for_ansible()
     env.update({name: str(port) for name, port in ports.items()})
@@ -63,7 +58,7 @@ def compose_stack(project, inventory=None, grafana=False):
         env["RENDER_INVENTORY"] = str(inventory)
     try:
         done = subprocess.run(
-            [str(LAB / "compose" / "up"), "-p", project] + (["--grafana"] if grafana else []),
+            [str(LAB / "compose" / "up"), "-p", project],
             capture_output=True,
             text=True,
             env=env,
@@ -95,7 +90,7 @@ def empty_stack(provisioned):
 @pytest.fixture(scope="module")
 def stack(provisioned):
     lab = provisioned
-    with compose_stack(PROJECT, INVENTORY, grafana=True) as urls:
+    with compose_stack(PROJECT, INVENTORY) as urls:
         # The lab's hosts are on its two networks: let the stack reach them.
         for service in ("prometheus", "telegraf"):
             container = compose("ps", "-q", service).stdout.strip()
@@ -109,28 +104,7 @@ def stack(provisioned):
             lab,
             urls["LONGHAUL_PROMETHEUS_PORT"],
             urls["LONGHAUL_INFLUXDB_PORT"],
-            urls["LONGHAUL_GRAFANA_PORT"],
         )
-
-
-@pytest.fixture(scope="module")
-def grafana(stack):
-    """The stack's Grafana, once its database is ready: a function
-    (path, body=None, params=None) -> its HTTP API's answer, as its admin."""
-    url = stack[3]
-    password = (GENERATED / "secrets" / "grafana-admin-password").read_text().strip()
-
-    def api(path, body=None, params=None):
-        return grafana_api(url, password, path, body, params)
-
-    def healthy():
-        try:
-            return api("/api/health").get("database") == "ok"
-        except (urllib.error.URLError, ConnectionError):
-            return False
-
-    wait_until(healthy, GRAFANA_START_S, "the compose Grafana's /api/health")
-    return api
 
 
 def query(prometheus, expr):
@@ -168,7 +142,7 @@ def test_an_empty_stack_raises_no_alert(empty_stack, provisioned):
 
 
 def test_every_prometheus_target_is_up(stack):
-    lab, prometheus, _, _ = stack
+    lab, prometheus, _ = stack
     wait_until(lambda: lab.ready(prometheus + "/-/ready"), 60, "Prometheus ready")
 
     def health():
@@ -187,7 +161,7 @@ def test_every_prometheus_target_is_up(stack):
 
 
 def test_prometheus_reaches_alertmanager(stack):
-    _, prometheus, _, _ = stack
+    _, prometheus, _ = stack
     wait_until(
         lambda: Lab.get_json(prometheus + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"],
         60,
@@ -196,7 +170,7 @@ def test_prometheus_reaches_alertmanager(stack):
 
 
 def test_longhaul_and_node_series(stack):
-    _, prometheus, _, _ = stack
+    _, prometheus, _ = stack
     wait_until(
         lambda: query(prometheus, 'longhaul_exporter_collector_success{collector="engine"}'),
         60,
@@ -212,7 +186,7 @@ def test_longhaul_and_node_series(stack):
 
 
 def test_rules_come_with_the_roles_thresholds_and_durations(stack):
-    _, prometheus, _, _ = stack
+    _, prometheus, _ = stack
     rules = [
         rule
         for group in Lab.get_json(prometheus + "/api/v1/rules")["data"]["groups"]
@@ -225,7 +199,7 @@ def test_rules_come_with_the_roles_thresholds_and_durations(stack):
 
 
 def test_telegraf_writes_the_routers_series_to_influxdb(stack):
-    lab, _, influxdb, _ = stack
+    lab, _, influxdb = stack
     reader = ("grafana", (GENERATED / "secrets" / "influxdb-grafana-password").read_text().strip())
 
     def routers(query):
@@ -258,89 +232,17 @@ def test_telegraf_writes_the_routers_series_to_influxdb(stack):
     assert refused.value.code == 401
 
 
-def test_grafana_is_a_profile_left_off_by_default(stack):
+def test_the_stack_has_no_grafana(stack):
+    """Grafana is AGPL: nothing of ours builds, ships or runs it. The stack is
+    its four services (and the init job), and no profile adds one."""
     default = set(compose("config", "--services").stdout.split())
     assert default == {"prometheus", "alertmanager", "influxdb", "influxdb-init", "telegraf"}
-    assert "grafana" in compose("--profile", "grafana", "config", "--services").stdout.split()
-    # This stack asked for it (lab/compose/up --grafana).
     running = set(compose("ps", "--services", "--status", "running").stdout.split())
-    assert running == {"prometheus", "alertmanager", "influxdb", "telegraf", "grafana"}, running
-
-
-def test_grafana_runs_the_artifact_built_here(grafana):
-    health = grafana("/api/health")
-    assert health["version"].startswith("10.") and health["database"] == "ok", health
-    image = compose("--profile", "grafana", "images", "grafana", "--format", "json").stdout
-    assert "longhaul/compose-grafana" in image, image
-
-
-def test_grafana_serves_every_dashboard(grafana):
-    want = {json.loads(p.read_text())["uid"]: p.name for p in DASHBOARDS.glob("*.json")}
-    listed = wait_until(
-        lambda: (lambda found: found if set(found) == set(want) else None)(
-            {b["uid"]: b for b in grafana("/api/search", params={"type": "dash-db"})}
-        ),
-        60,
-        "every dashboard of dashboards/ in the compose Grafana's /api/search",
-    )
-    for uid, name in want.items():
-        answer = grafana("/api/dashboards/uid/%s" % uid)
-        assert answer["meta"]["provisioned"], answer["meta"]
-        assert answer["meta"]["provisionedExternalId"] == name, answer["meta"]
-        assert answer["dashboard"]["panels"], name
-        assert listed[uid]["folderTitle"] == "longhaul", listed[uid]
-
-
-def test_grafana_queries_prometheus_and_influxdb(grafana):
-    """Through Grafana's query path (/api/ds/query), with the datasources
-    render.yml provisioned: the stack's Prometheus (itself is up) and InfluxDB
-    as Grafana's reader user (the lab router's counters Telegraf wrote)."""
-    sources = {d["type"]: d for d in grafana("/api/datasources")}
-    assert {"prometheus", "influxdb"} <= set(sources), sources
-    for source in sources.values():
-        health = grafana("/api/datasources/uid/%s/health" % source["uid"])
-        assert health["status"] == "OK", (source["name"], health)
-
-    def values(source, target):
-        body = {
-            "from": "now-5m",
-            "to": "now",
-            "queries": [
-                dict(
-                    target,
-                    refId="A",
-                    datasource={"uid": source["uid"], "type": source["type"]},
-                    intervalMs=15000,
-                    maxDataPoints=100,
-                )
-            ],
-        }
-        result = grafana("/api/ds/query", body)["results"]["A"]
-        assert "error" not in result, result
-        return frame_values(result.get("frames", []))
-
-    # Grafana may answer a range query over a just-filled window without
-    # frames: ask until it has some.
-    up = wait_until(
-        lambda: values(sources["prometheus"], {"expr": 'up{job="prometheus"}', "range": True}),
-        120,
-        "up of the stack's Prometheus through Grafana's Prometheus datasource",
-    )
-    assert set(up) == {1}, up
-    counters = wait_until(
-        lambda: values(
-            sources["influxdb"],
-            {
-                "rawQuery": True,
-                "resultFormat": "time_series",
-                "query": 'SELECT last("ifHCOutOctets") FROM "interface" WHERE $timeFilter '
-                "GROUP BY time(30s)",
-            },
-        ),
-        120,
-        "the router's counters through Grafana's InfluxDB datasource",
-    )
-    assert max(counters) > 0, counters
+    assert running == {"prometheus", "alertmanager", "influxdb", "telegraf"}, running
+    text = (REPO / "docker-compose.yml").read_text() + (
+        REPO / "docker-compose.upstream.yml"
+    ).read_text()
+    assert "profiles:" not in text and "grafana/grafana" not in text
 
 
 def test_the_upstream_images_override_is_well_formed(stack):
@@ -349,8 +251,6 @@ def test_the_upstream_images_override_is_well_formed(stack):
         str(REPO / "docker-compose.yml"),
         "-f",
         str(REPO / "docker-compose.upstream.yml"),
-        "--profile",
-        "grafana",
         "config",
         "--images",
     )
@@ -360,6 +260,5 @@ def test_the_upstream_images_override_is_well_formed(stack):
         "prom/alertmanager:v0.27.0",
         "influxdb:1.8",
         "telegraf:1.34",
-        "grafana/grafana:11.2.0",
     } <= images
     assert not any(image.startswith("longhaul/") for image in images), images

@@ -154,7 +154,7 @@ def test_prometheus_sees_the_iperf3_test_from_both_hosts(iperf3_run):
             % (sid, window)
         ),
         90,
-        "longhaul_session_info{protocol=\"iperf3\"} of session %s in Prometheus" % sid,
+        'longhaul_session_info{protocol="iperf3"} of session %s in Prometheus' % sid,
     )
     assert info[0]["metric"]["mode"] == "memory", info
     streams = lab.promql(

@@ -5,8 +5,9 @@ One lab for the module (conftest.py); the tests run in file order and build on
 each other's transfers: provisioning, then a memory campaign whose window the
 router, per-stream and CPU checks read, a disk campaign, then the fault
 injections (exporter down, receiver killed). The throughput drop and its
-notifications: test_alerts.py. Every panel of every dashboard is queried
-through the lab's Grafana in test_grafana.py.
+notifications: test_alerts.py. Every panel and annotation query of every
+dashboard is run against the lab's Prometheus and InfluxDB during a campaign
+in test_dashboards.py.
 
 Checks that neither measure throughput nor share a host run at the same
 time where they mostly wait: the two fault scenarios (an exporter on pair
@@ -24,7 +25,16 @@ from pathlib import Path
 
 import pytest
 from helpers import cannot_run
-from labkit import INVENTORY, MONITORING_VARS, REPO, epoch, transfer_hosts, wait_until
+from dashboard_queries import Dashboard
+from labkit import (
+    INFLUX_MIN_S,
+    INVENTORY,
+    REPO,
+    SCRAPE_S,
+    epoch,
+    transfer_hosts,
+    wait_until,
+)
 
 # Engine and campaign settings of these tests. The memory run is long enough for a
 # few steps of the router panel's 15 s rate window in its steady state.
@@ -37,12 +47,9 @@ TOLERANCE = 0.10
 # Grafana's $__interval for the router (InfluxDB) panels: at least the data source's
 # minimum, which the lab sets to three of Telegraf's 5 s polls
 # (lab/inventory/group_vars/monitoring, grafana_datasource_influxdb_time_interval).
-INFLUX_INTERVAL = MONITORING_VARS["grafana_datasource_influxdb_time_interval"]
-INFLUX_INTERVAL_S = int(INFLUX_INTERVAL.rstrip("s"))
+INFLUX_INTERVAL_S = INFLUX_MIN_S
 # How long the 35 streams take to fill the bottleneck, left out of the steady window.
 RAMP_S = 3
-# 4 x the lab's 5 s scrape interval, as Grafana computes $__rate_interval.
-RATE_INTERVAL = "20s"
 # Alert deadlines: the lab's `for:` (15 s) + Alertmanager's group_wait.
 EXPORTER_DOWN_FIRES_WITHIN_S = 90
 RESOLVES_WITHIN_S = 150
@@ -204,18 +211,26 @@ def test_router_traffic_panel_agrees_with_the_engine(provisioned, memory_run):
     assert abs(router_bps - engine_bps) <= TOLERANCE * engine_bps
 
 
+def panel_query(lab, name, title, start, end, chosen):
+    """The first target of a dashboard's panel over [start, end] with these
+    variable values chosen, rendered as Grafana renders it
+    (tests/dashboard_queries.py): (Dashboard, target, data source type, query)."""
+    board = json.loads((lab_dashboards() / name).read_text())
+    view = Dashboard(board, lab, start, end, SCRAPE_S, INFLUX_INTERVAL_S, chosen=chosen)
+    return next((view, *rest) for panel, *rest in view.targets() if panel == title)
+
+
 def router_panel_points(lab, start, end, title="Out per interface"):
     """The Router traffic panel's query, as Grafana runs it, on the router's site B
     side: [(time, bits/s)]."""
-    board = json.loads((lab_dashboards() / "router-traffic.json").read_text())
-    panel = next(p for p in board["panels"] if p["title"] == title)
     router_if_b = lab.router_interface(lab.env["LAB_IP_ROUTER_B"])
-    query = (
-        panel["targets"][0]["query"]
-        .replace("$router", "router")
-        .replace("$interface", router_if_b)
-        .replace("$timeFilter", "time >= %dms AND time <= %dms" % (start * 1000, end * 1000))
-        .replace("$__interval", INFLUX_INTERVAL)
+    _, _, _, query = panel_query(
+        lab,
+        "router-traffic.json",
+        title,
+        start,
+        end,
+        {"router": "router", "interface": router_if_b},
     )
     series = lab.influxql(query)
     return [(row[0] / 1000, row[-1]) for s in series for row in s["values"] if row[-1] is not None]
@@ -242,7 +257,11 @@ def test_router_rate_is_true_at_every_step(provisioned, memory_run):
     ]
     print(
         "router out, %s window: %s Mb/s (bottleneck %s)"
-        % (INFLUX_INTERVAL, [round(bps / 1e6, 1) for _, bps in steady], lab.bottleneck_rate)
+        % (
+            "%ds" % INFLUX_INTERVAL_S,
+            [round(bps / 1e6, 1) for _, bps in steady],
+            lab.bottleneck_rate,
+        )
     )
     assert len(steady) >= 2, "too few steady points: %s of %s" % (steady, points)
     off = [
@@ -359,15 +378,15 @@ def test_sending_side_per_stream_series(provisioned, memory_run):
 
 def test_cpu_panel_shows_softirq(provisioned, memory_run):
     lab = provisioned
-    board = json.loads((lab_dashboards() / "cpu.json").read_text())
-    panel = next(p for p in board["panels"] if p["title"] == "Softirq per host")
-    expr = (
-        panel["targets"][0]["expr"]
-        .replace('job=~"$job"', 'job=~".+"')
-        .replace('instance=~"$instance"', 'instance=~"xfer-b"')
-        .replace("$__rate_interval", RATE_INTERVAL)
+    view, target, source_type, expr = panel_query(
+        lab,
+        "cpu.json",
+        "Softirq per host",
+        memory_run.start,
+        memory_run.end,
+        {"instance": "xfer-b"},
     )
-    series = lab.prom_range(expr, memory_run.start, memory_run.end)
+    series = view.run_target(target, source_type, expr)
     assert series, expr
     assert max(float(v) for s in series for _, v in s["values"]) > 0, series
 
@@ -434,9 +453,10 @@ def test_report_throughput_over_time_stays_within_the_bottleneck(provisioned, me
     drain = [(max(a, MEMORY_SECONDS), b, bps) for a, b, bps in steps if b > MEMORY_SECONDS]
     if end - MEMORY_SECONDS >= 2.0:
         drained_bits = sum(bps * (b - a) for a, b, bps in drain)
-        assert drained_bits > 2 * cap, (
-            "after the sender stopped only %.0f Mb arrived (under 2 s of the bottleneck)"
-            % (drained_bits / 1e6)
+        assert (
+            drained_bits > 2 * cap
+        ), "after the sender stopped only %.0f Mb arrived (under 2 s of the bottleneck)" % (
+            drained_bits / 1e6
         )
     # Requested against measured duration, the difference explained.
     assert report["requested_seconds"] == MEMORY_SECONDS

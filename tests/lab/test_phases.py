@@ -42,10 +42,13 @@ def run_phase(lab, campaign, phase, tmp_path_factory):
     missing = sorted(hosts - set(transfer_hosts()))
     assert not missing, (
         "%s needs the transfer hosts %s, which the lab's inventory lacks (LAB_PAIRS=%s): "
-        "bring the lab up with LAB_PAIRS=2" % (campaign, ", ".join(missing), lab.env.get("LAB_PAIRS"))
+        "bring the lab up with LAB_PAIRS=2"
+        % (campaign, ", ".join(missing), lab.env.get("LAB_PAIRS"))
     )
     wait_until(
-        lambda: lab.influxql('SELECT count("ifHCOutOctets") FROM "interface" WHERE time > now() - 1m'),
+        lambda: lab.influxql(
+            'SELECT count("ifHCOutOctets") FROM "interface" WHERE time > now() - 1m'
+        ),
         90,
         "Telegraf's SNMP data from the router in InfluxDB",
     )
@@ -77,7 +80,9 @@ def router_bits(lab, interface, start, end):
         "WHERE \"router\" = 'router' AND \"ifName\" = '%s' AND time >= %dms AND time <= %dms "
         "GROUP BY time(%s) fill(none)" % (interface, start * 1000, end * 1000, INFLUX_INTERVAL)
     )
-    points = [(row[0] / 1000, row[-1]) for s in series for row in s["values"] if row[-1] is not None]
+    points = [
+        (row[0] / 1000, row[-1]) for s in series for row in s["values"] if row[-1] is not None
+    ]
     assert len(points) >= 4, "too few router samples: %s" % series
     return sum(bps * (t - t_prev) for (t_prev, _), (t, bps) in zip(points, points[1:]))
 
@@ -87,7 +92,9 @@ def test_two_pairs_start_together_and_both_directions_carry_traffic(provisioned,
     assert phase["start_spread_seconds"] < START_SPREAD_S, phase
     a, b = site_of("xfer-a"), site_of("xfer-b")
     assert set(phase["directions"]) == {"%s->%s" % (a, b), "%s->%s" % (b, a)}, phase
-    starts = {r["name"]: (r["started_unix"], r["started_unix"] + r["seconds"]) for r in phase["runs"]}
+    starts = {
+        r["name"]: (r["started_unix"], r["started_unix"] + r["seconds"]) for r in phase["runs"]
+    }
     overlap = min(e for _, e in starts.values()) - max(s for s, _ in starts.values())
     assert overlap > 0.8 * PHASE_SECONDS, "the pairs did not run at the same time: %s" % starts
     # Figure 5's setup: each pair has a sender and a receiver of its own.
@@ -95,8 +102,10 @@ def test_two_pairs_start_together_and_both_directions_carry_traffic(provisioned,
     assert len({host for pair in pairs for host in pair}) == 4, pairs
     for key, d in phase["directions"].items():
         share = d["throughput_bps"] / provisioned.bottleneck_bps
-        print("%s: %.1f Mb/s (%.0f%% of %s)" % (key, d["throughput_bps"] / 1e6, 100 * share,
-                                              provisioned.bottleneck_rate))
+        print(
+            "%s: %.1f Mb/s (%.0f%% of %s)"
+            % (key, d["throughput_bps"] / 1e6, 100 * share, provisioned.bottleneck_rate)
+        )
         # tbf caps each direction of the router separately: both fill most of it.
         assert 0.5 < share < 1.05, phase
 
@@ -114,9 +123,16 @@ def test_each_directions_aggregate_agrees_with_the_router(provisioned, two_pairs
         bits = router_bits(lab, towards[d["to"]], start - ROUTER_MARGIN_S, end + ROUTER_MARGIN_S)
         router_bps = bits / phase["seconds"]
         engine_bps = d["throughput_bps"]
-        print("%s: router %s out %.1f Mb/s, engine %.1f Mb/s (%+.1f%%)"
-              % (key, towards[d["to"]], router_bps / 1e6, engine_bps / 1e6,
-                 100 * (router_bps / engine_bps - 1)))
+        print(
+            "%s: router %s out %.1f Mb/s, engine %.1f Mb/s (%+.1f%%)"
+            % (
+                key,
+                towards[d["to"]],
+                router_bps / 1e6,
+                engine_bps / 1e6,
+                100 * (router_bps / engine_bps - 1),
+            )
+        )
         assert abs(router_bps - engine_bps) <= TOLERANCE * engine_bps, (key, router_bps, engine_bps)
 
 
@@ -130,14 +146,19 @@ def test_each_pairs_receiver_reports_its_run_to_prometheus(provisioned, two_pair
         # Per session the receiver had in the phase's window (an earlier
         # session may still be listed: finished ones stay for a minute).
         sessions = [
-            float(s["value"][1]) for s in lab.promql(
+            float(s["value"][1])
+            for s in lab.promql(
                 'max by (session) (max_over_time(longhaul_session_bytes_total{instance="%s", '
-                'direction="receive"}[%ds]))' % (run["receiver"], PHASE_SECONDS + 2 * ROUTER_MARGIN_S),
-                at=phase["ended_unix"] + ROUTER_MARGIN_S)
+                'direction="receive"}[%ds]))'
+                % (run["receiver"], PHASE_SECONDS + 2 * ROUTER_MARGIN_S),
+                at=phase["ended_unix"] + ROUTER_MARGIN_S,
+            )
         ]
         expected = run["throughput_bps"] * run["seconds"] / 8
-        print("%s: %s exported sessions of %s MB received, the run %.0f MB"
-              % (run["name"], run["receiver"], [round(b / 1e6) for b in sessions], expected / 1e6))
+        print(
+            "%s: %s exported sessions of %s MB received, the run %.0f MB"
+            % (run["name"], run["receiver"], [round(b / 1e6) for b in sessions], expected / 1e6)
+        )
         assert any(abs(b - expected) <= 0.1 * expected for b in sessions), (run, sessions)
 
 
@@ -146,16 +167,31 @@ def test_the_report_draws_the_phase_engine_and_router(provisioned, two_pairs, tm
     dist = Path(os.environ.get("LONGHAUL_DIST", REPO / "dist"))
     out = tmp_path / "report.html"
     subprocess.run(
-        [str(dist / "longhaul"), "report", str(directory), "--out", str(out),
-         "--prometheus", provisioned.prometheus_url,
-         "--from", "%.0f" % (phase["started_unix"] - 60), "--to", "%.0f" % (phase["ended_unix"] + 60)],
-        check=True, capture_output=True, text=True, timeout=120,
+        [
+            str(dist / "longhaul"),
+            "report",
+            str(directory),
+            "--out",
+            str(out),
+            "--prometheus",
+            provisioned.prometheus_url,
+            "--from",
+            "%.0f" % (phase["started_unix"] - 60),
+            "--to",
+            "%.0f" % (phase["ended_unix"] + 60),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     html = out.read_text()
     start = html.index('<figure id="fig-phase-1">')
-    figure = html[start:html.index("</figure>", start)]
+    figure = html[start : html.index("</figure>", start)]
     a, b = site_of("xfer-a"), site_of("xfer-b")
-    assert "%s-&gt;%s engine" % (a, b) in figure and "%s-&gt;%s engine" % (b, a) in figure, figure[:2000]
+    assert "%s-&gt;%s engine" % (a, b) in figure and "%s-&gt;%s engine" % (b, a) in figure, figure[
+        :2000
+    ]
     assert "router router" in figure, "no router series in the phase figure"
 
 
@@ -165,7 +201,9 @@ def test_four_pairs_start_within_a_second(four_pairs):
     # Four senders on four hosts: the start instant reaches each host separately.
     assert len({r["sender"] for r in phase["runs"]}) == 4, phase["runs"]
     starts = [
-        json.loads((directory / ("%s.json" % r["name"])).read_text().strip().splitlines()[-1])["started_unix"]
+        json.loads((directory / ("%s.json" % r["name"])).read_text().strip().splitlines()[-1])[
+            "started_unix"
+        ]
         for r in phase["runs"]
     ]
     print("four pairs started %.3f s apart (%s)" % (max(starts) - min(starts), starts))

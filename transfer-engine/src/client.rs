@@ -66,6 +66,10 @@ pub struct SendOptions {
     pub start_at: Option<SystemTime>,
     /// The mode and what it moves.
     pub payload: Payload,
+    /// `--campaign` and `--run`: the campaign this transfer is a run of, and
+    /// the run, carried in the session request to the server's stats API.
+    pub campaign: Option<String>,
+    pub run: Option<String>,
 }
 
 impl SendOptions {
@@ -82,6 +86,8 @@ impl SendOptions {
             token: None,
             start_at: None,
             payload,
+            campaign: None,
+            run: None,
         }
     }
 
@@ -105,6 +111,8 @@ impl SendOptions {
             rate_bps: self.rate_bps,
             mode_params: None,
             client_host: host_name(),
+            campaign: self.campaign.clone(),
+            run: self.run.clone(),
         }
     }
 }

@@ -161,6 +161,15 @@ pub struct SessionRequest {
     /// built on it) can name both hosts of the session.
     #[serde(default)]
     pub client_host: Option<String>,
+    /// The campaign this session is a run of, and the run (`--campaign`,
+    /// `--run`): plain names ([`longhaul_stats_api::check_name`]), kept with
+    /// the session on the server's stats API. Optional, like `client_host`:
+    /// a server from before them ignores them, one after them refuses a
+    /// session that names anything but plain names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -401,6 +410,8 @@ mod tests {
                 rate_bps: None,
                 mode_params: None,
                 client_host: Some("xfer-a".into()),
+                campaign: Some("fig5".into()),
+                run: Some("a-to-b".into()),
             }),
             Message::StreamsReport(StreamsReport {
                 streams: vec![StreamReport {

@@ -122,6 +122,9 @@ struct EntryState {
     peer_streams: Vec<StreamReport>,
     /// The client's host name, as it gave it in its request.
     peer_host: Option<String>,
+    /// The campaign and run the client named (checked plain names).
+    campaign: Option<String>,
+    run: Option<String>,
     /// Disk mode: the session's device groups and their live counters.
     devices: Vec<Arc<dyn DeviceCounters>>,
 }
@@ -132,11 +135,13 @@ impl SessionEntry {
     }
 
     /// The client asked for a session: record mode, direction (server's
-    /// view: a client that sends makes the server receive) and the client's
-    /// host name.
+    /// view: a client that sends makes the server receive), the client's
+    /// host name, and the campaign and run it named.
     pub fn set_request(&self, req: &SessionRequest) {
         let mut s = self.lock();
         s.peer_host = req.client_host.clone();
+        s.campaign = req.campaign.clone();
+        s.run = req.run.clone();
         s.mode = match req.mode {
             // Messages sessions are memory to memory too.
             Mode::Memory | Mode::Messages => api::Mode::Memory,
@@ -214,6 +219,8 @@ impl SessionEntry {
             peer: self.peer.clone(),
             peer_host: s.peer_host.clone(),
             protocol: s.protocol,
+            campaign: s.campaign.clone(),
+            run: s.run.clone(),
             local: self.local.clone(),
             mode: s.mode,
             direction: s.direction,
@@ -320,6 +327,8 @@ impl Registry {
                 frozen: None,
                 peer_streams: Vec::new(),
                 peer_host: None,
+                campaign: None,
+                run: None,
                 devices: Vec::new(),
             }),
         });

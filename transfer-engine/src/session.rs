@@ -132,6 +132,19 @@ pub fn validate(req: &SessionRequest) -> Result<()> {
     if let Some(cc) = &req.cc {
         sockopt::check_cc(cc)?;
     }
+    for (flag, name) in [("--campaign", &req.campaign), ("--run", &req.run)] {
+        if let Some(name) = name {
+            longhaul_stats_api::check_name(name).map_err(|why| {
+                // A stranger's name may be a megabyte: the error (and the
+                // log line) quotes its start only.
+                let shown: String = name
+                    .chars()
+                    .take(longhaul_stats_api::MAX_NAME_LEN)
+                    .collect();
+                Error::Usage(format!("{flag} {shown:?}: {why}"))
+            })?;
+        }
+    }
     Ok(())
 }
 
@@ -586,6 +599,8 @@ mod tests {
             rate_bps: None,
             mode_params: None,
             client_host: None,
+            campaign: None,
+            run: None,
         }
     }
 

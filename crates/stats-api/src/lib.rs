@@ -25,6 +25,39 @@ pub const SERIES_VIEW_QUERY: &str = "view=series";
 /// Default address of the stats API (DESIGN.md).
 pub const DEFAULT_STATS_LISTEN: &str = "127.0.0.1:7401";
 
+/// Longest campaign or run name ([`Session::campaign`], [`Session::run`]):
+/// they become label values of every scrape and names in the dashboards'
+/// campaign menu, so they stay short.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Checks a campaign or run name (`longhaul send --campaign NAME --run
+/// NAME`): 1 to [`MAX_NAME_LEN`] ASCII letters, digits, `.`, `_` and `-`,
+/// not starting with `.` or `-`. The engine refuses a session that names
+/// anything else, so a stranger cannot put arbitrary text into label values.
+/// The error says what is wrong, for a message that names the flag.
+pub fn check_name(name: &str) -> Result<(), String> {
+    const RULE: &str = "a name is letters, digits, '.', '_' and '-'";
+    if name.is_empty() {
+        return Err(format!("empty ({RULE})"));
+    }
+    let chars = name.chars().count();
+    if chars > MAX_NAME_LEN {
+        return Err(format!(
+            "{chars} characters long, at most {MAX_NAME_LEN} ({RULE})"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!("contains {c:?} ({RULE})"));
+    }
+    if name.starts_with(['.', '-']) {
+        return Err(format!("starts with {:?} ({RULE})", &name[..1]));
+    }
+    Ok(())
+}
+
 /// The whole answer of `GET /v1/sessions`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -147,6 +180,13 @@ pub struct Session {
     /// `longhaul` or `iperf3`; absent (older engines) means `longhaul`.
     #[serde(default)]
     pub protocol: Protocol,
+    /// The campaign the session is a run of, as the client named it
+    /// (`--campaign`; [`check_name`]); absent when it named none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<String>,
+    /// The run of that campaign (`--run`; [`check_name`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     /// This engine's end of the control connection, "IP:PORT" (added in
     /// v1; absent from older engines). With each stream's `local`/`peer`
     /// it lists every socket of the session, so the exporter's `tcp`
@@ -263,6 +303,55 @@ mod tests {
         );
         let again: Snapshot = serde_json::from_str(&serde_json::to_string(&snap).unwrap()).unwrap();
         assert_eq!(snap, again);
+    }
+
+    #[test]
+    fn campaign_and_run_are_optional_and_round_trip() {
+        let text = r#"{"id":"s","peer":"p","mode":"memory","direction":"send","state":"running",
+            "started_unix":0,"bytes_sent":0,"bytes_received":0,"streams":[]}"#;
+        let mut session: Session = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            (session.campaign.as_deref(), session.run.as_deref()),
+            (None, None)
+        );
+        session.campaign = Some("fig5".into());
+        session.run = Some("a-to-b".into());
+        let text = serde_json::to_string(&session).unwrap();
+        assert!(
+            text.contains(r#""campaign":"fig5","run":"a-to-b""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Session>(&text).unwrap(), session);
+    }
+
+    #[test]
+    fn plain_names_pass_and_others_are_told_why() {
+        for good in [
+            "fig5",
+            "a-to-b",
+            "mem_35x2M",
+            "v1.2",
+            &"x".repeat(MAX_NAME_LEN),
+        ] {
+            assert_eq!(check_name(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("a b", "contains ' '"),
+            ("a/b", "contains '/'"),
+            ("r\u{e9}sum\u{e9}", "contains 'é'"),
+            ("a\nb", "contains '\\n'"),
+            ("{x=\"y\"}", "contains '{'"),
+            (".hidden", "starts with \".\""),
+            ("-rf", "starts with \"-\""),
+        ] {
+            let err = check_name(bad).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+        let long = "x".repeat(200);
+        assert!(check_name(&long)
+            .unwrap_err()
+            .starts_with("200 characters long, at most 64"));
     }
 
     #[test]

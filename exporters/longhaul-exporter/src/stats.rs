@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use longhaul_stats_api::{
-    Admission, DeviceIo, Direction, Mode, Protocol, SERIES_VIEW_QUERY, SESSIONS_PATH,
+    check_name, Admission, DeviceIo, Direction, Mode, Protocol, SERIES_VIEW_QUERY, SESSIONS_PATH,
 };
 
 use crate::httpclient::{self, Url};
@@ -125,6 +125,11 @@ pub struct SessionView {
     pub id: String,
     pub peer: String,
     pub peer_host: Option<String>,
+    /// The campaign and run the client named, when both are plain names
+    /// ([`check_name`]): an engine that let another through, or a stranger's
+    /// stats API, does not get it into a label.
+    pub campaign: Option<String>,
+    pub run: Option<String>,
     pub mode: Mode,
     pub direction: Direction,
     pub protocol: Protocol,
@@ -275,6 +280,11 @@ fn opt_string<R: Read>(r: &mut Reader<R>) -> json::Result<Option<String>> {
     Ok(Some(r.string()?.to_string()))
 }
 
+/// A campaign or run name, kept only when it is plain ([`check_name`]).
+fn plain_name<R: Read>(r: &mut Reader<R>) -> json::Result<Option<String>> {
+    Ok(opt_string(r)?.filter(|name| check_name(name).is_ok()))
+}
+
 fn direction<R: Read>(r: &mut Reader<R>) -> json::Result<Direction> {
     let d = match r.raw_string()? {
         b"send" => Some(Direction::Send),
@@ -335,6 +345,7 @@ impl Walk {
 
     fn session<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<SessionView> {
         let (mut id, mut peer, mut peer_host, mut local) = (None, None, None, None);
+        let (mut campaign, mut run) = (None, None);
         let (mut mode, mut dir, mut protocol) = (None, None, Protocol::Longhaul);
         let (mut sent, mut received) = (0, 0);
         let mut devices = Vec::new();
@@ -346,6 +357,8 @@ impl Walk {
                 "id" => id = Some(r.string()?.to_string()),
                 "peer" => peer = Some(r.string()?.to_string()),
                 "peer_host" => peer_host = opt_string(r)?,
+                "campaign" => campaign = plain_name(r)?,
+                "run" => run = plain_name(r)?,
                 "local" => local = opt_string(r)?,
                 "protocol" => {
                     protocol = match r.raw_string()? {
@@ -399,6 +412,8 @@ impl Walk {
             id,
             peer,
             peer_host,
+            campaign,
+            run,
             mode,
             direction,
             protocol,
@@ -635,6 +650,8 @@ mod tests {
                 id: "s\"1".into(),
                 peer: "10.0.0.2:40000".into(),
                 peer_host: Some("xfer-a".into()),
+                campaign: Some("fig5".into()),
+                run: Some("a-to-b".into()),
                 protocol: Protocol::Iperf3,
                 local: Some("10.0.0.1:7400".into()),
                 mode: Mode::Disk,
@@ -672,6 +689,8 @@ mod tests {
                 &s.id,
                 &s.peer,
                 &s.peer_host,
+                &s.campaign,
+                &s.run,
                 s.mode,
                 s.direction,
                 s.protocol
@@ -680,6 +699,8 @@ mod tests {
                 &want.id,
                 &want.peer,
                 &want.peer_host,
+                &want.campaign,
+                &want.run,
                 want.mode,
                 want.direction,
                 want.protocol
@@ -758,6 +779,8 @@ mod tests {
             "sessions[].id",
             "sessions[].peer",
             "sessions[].peer_host",
+            "sessions[].campaign",
+            "sessions[].run",
             "sessions[].protocol",
             "sessions[].local",
             "sessions[].mode",

@@ -194,6 +194,14 @@ pub struct RunArgs {
     /// to every sender of a phase
     #[arg(long, value_name = "T", value_parser = start_instant)]
     pub start_at: Option<std::time::SystemTime>,
+    /// The campaign this transfer is a run of: the server's stats API lists
+    /// it with the session, the exporter labels the session with it
+    /// (letters, digits, '.', '_', '-'; at most 64)
+    #[arg(long, value_name = "NAME", value_parser = plain_name)]
+    pub campaign: Option<String>,
+    /// The run of the campaign (same rules as --campaign)
+    #[arg(long, value_name = "NAME", value_parser = plain_name)]
+    pub run: Option<String>,
     #[command(flatten)]
     pub workers: WorkerArgs,
 }
@@ -321,6 +329,12 @@ pub struct SweepArgs {
     /// TCP congestion control of the data streams
     #[arg(long, value_name = "ALG")]
     pub cc: Option<String>,
+    /// The campaign every session of the sweep is a run of (as send's)
+    #[arg(long, value_name = "NAME", value_parser = plain_name)]
+    pub campaign: Option<String>,
+    /// The run of the campaign (as send's)
+    #[arg(long, value_name = "NAME", value_parser = plain_name)]
+    pub run: Option<String>,
     #[command(flatten)]
     pub workers: WorkerArgs,
 }
@@ -431,6 +445,11 @@ fn start_instant(text: &str) -> Result<std::time::SystemTime, String> {
     Ok(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos))
 }
 
+/// `--campaign`, `--run`: a plain name (longhaul_stats_api::check_name).
+fn plain_name(text: &str) -> Result<String, String> {
+    longhaul_stats_api::check_name(text).map(|()| text.to_string())
+}
+
 /// Reads the token now, so a bad file is a usage error up front.
 fn token(path: &str) -> Result<Token, String> {
     Token::from_file(path.as_ref()).map_err(|e| e.to_string())
@@ -531,6 +550,8 @@ impl RunArgs {
         o.strict = self.strict;
         o.token = self.token_file.clone();
         o.start_at = self.start_at;
+        o.campaign = self.campaign.clone();
+        o.run = self.run.clone();
         Ok(())
     }
 }
@@ -661,6 +682,8 @@ impl SweepArgs {
             load: self.load,
             out: self.out,
             progress: !self.json,
+            campaign: self.campaign,
+            run: self.run,
         };
         // The matrix runs when asked for, or when nothing else is.
         let matrix_asked = !o.streams.is_empty() || !o.buffers.is_empty();

@@ -58,6 +58,10 @@ pub struct SweepOptions {
     pub out: Option<PathBuf>,
     /// Progress lines on stderr (`sweep: cell 3/36 ...`).
     pub progress: bool,
+    /// The campaign and run every session of the sweep names (`--campaign`,
+    /// `--run`), as `longhaul send` does.
+    pub campaign: Option<String>,
+    pub run: Option<String>,
 }
 
 /// CPU of one end, the fields the figures use.
@@ -177,6 +181,8 @@ impl Sessions<'_> {
         o.buffer = buffer;
         o.cc = self.opts.cc.clone();
         o.token = self.token.clone();
+        o.campaign = self.opts.campaign.clone();
+        o.run = self.opts.run.clone();
         o
     }
 

@@ -130,6 +130,7 @@ fn params(opts: &SendOptions, transport: Transport) -> Params {
             .rate_bps
             .map_or(0, |r| (r / opts.streams as u64).max(1)),
         congestion: opts.cc.clone(),
+        extra_data: Params::extra_data_of(opts.campaign.as_deref(), opts.run.as_deref()),
         ..Params::default()
     };
     p.len = p.block();

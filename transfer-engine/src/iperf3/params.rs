@@ -81,8 +81,12 @@ pub struct Params {
     /// RSA-encrypted credentials (`--username`).
     pub authtoken: Option<String>,
     pub client_version: Option<String>,
+    /// iperf3's free text (`--extra-data`). `campaign=NAME run=NAME` in it
+    /// names the campaign and run of the test ([`Params::run_names`]), as
+    /// `longhaul send --protocol iperf3 --campaign NAME --run NAME` writes it.
+    pub extra_data: Option<String>,
     /// Keys we read but do not act on, for the log: `server_affinity`,
-    /// `title`, `extra_data`, `zerocopy`, ...
+    /// `title`, `zerocopy`, ...
     pub ignored: Vec<String>,
 }
 
@@ -111,6 +115,7 @@ impl Default for Params {
             dont_fragment: false,
             authtoken: None,
             client_version: None,
+            extra_data: None,
             ignored: Vec::new(),
         }
     }
@@ -136,7 +141,6 @@ fn number(v: &Value) -> Option<u64> {
 const KNOWN_IGNORED: &[&str] = &[
     "server_affinity",
     "title",
-    "extra_data",
     "zerocopy",
     "repeating_payload",
     "pacing_timer",
@@ -199,6 +203,7 @@ impl Params {
         p.dont_fragment = num("dont_fragment")?.unwrap_or(0) != 0;
         p.authtoken = text("authtoken")?;
         p.client_version = text("client_version")?;
+        p.extra_data = text("extra_data")?;
         p.ignored = KNOWN_IGNORED
             .iter()
             .filter(|k| obj.contains_key(**k))
@@ -259,6 +264,9 @@ impl Params {
         if let Some(t) = &self.authtoken {
             m.insert("authtoken".into(), json!(t));
         }
+        if let Some(extra) = &self.extra_data {
+            m.insert("extra_data".into(), json!(extra));
+        }
         m.insert(
             "client_version".into(),
             json!(self.client_version.as_deref().unwrap_or(CLIENT_VERSION)),
@@ -305,11 +313,45 @@ impl Params {
             .saturating_mul(directions)
     }
 
+    /// The `extra_data` that names a campaign and a run.
+    pub fn extra_data_of(campaign: Option<&str>, run: Option<&str>) -> Option<String> {
+        let words: Vec<String> = [("campaign", campaign), ("run", run)]
+            .into_iter()
+            .filter_map(|(key, name)| name.map(|n| format!("{key}={n}")))
+            .collect();
+        (!words.is_empty()).then(|| words.join(" "))
+    }
+
+    /// The campaign and run `extra_data` names (`campaign=NAME run=NAME`,
+    /// each optional, in any order): plain names only
+    /// ([`longhaul_stats_api::check_name`]); anything else in the text, or a
+    /// name that is not plain, names nothing (iperf3's extra data is any
+    /// client's free text; the test runs all the same).
+    pub fn run_names(&self) -> (Option<String>, Option<String>) {
+        let (mut campaign, mut run) = (None, None);
+        let Some(text) = self.extra_data.as_deref() else {
+            return (None, None);
+        };
+        for word in text.split_ascii_whitespace() {
+            let slot = match word.split_once('=') {
+                Some(("campaign", name)) => (&mut campaign, name),
+                Some(("run", name)) => (&mut run, name),
+                _ => return (None, None),
+            };
+            if longhaul_stats_api::check_name(slot.1).is_err() {
+                return (None, None);
+            }
+            *slot.0 = Some(slot.1.to_string());
+        }
+        (campaign, run)
+    }
+
     /// The test's stream layout in the engine's terms: iperf3 connects a
     /// bidirectional test's client-to-server streams first, as the engine
     /// numbers them. Used for roles and the `-n` split; the data phase's
     /// length is the iperf3 end's business.
     pub fn shape(&self) -> SessionRequest {
+        let (campaign, run) = self.run_names();
         SessionRequest {
             mode: Mode::Memory,
             direction: self.direction(),
@@ -322,6 +364,8 @@ impl Params {
                 .then(|| self.bandwidth.saturating_mul(self.parallel as u64)),
             mode_params: None,
             client_host: None,
+            campaign,
+            run,
         }
     }
 }
@@ -462,6 +506,40 @@ mod tests {
         // Written back and read again: the same test.
         let again = Params::from_json(&p.to_json()).unwrap();
         assert_eq!((again.time, again.parallel, again.window), (1, 2, 2 << 20));
+    }
+
+    /// `extra_data` names a test's campaign and run as our client writes
+    /// it; any other text, or names that are not plain, name nothing.
+    #[test]
+    fn extra_data_names_the_campaign_and_run() {
+        let named = |extra: &str| {
+            let v = serde_json::json!({"tcp": true, "extra_data": extra});
+            Params::from_json(&v).unwrap().shape()
+        };
+        let ours = Params::extra_data_of(Some("fig5"), Some("a-to-b")).unwrap();
+        assert_eq!(ours, "campaign=fig5 run=a-to-b");
+        let shape = named(&ours);
+        assert_eq!(
+            (shape.campaign.as_deref(), shape.run.as_deref()),
+            (Some("fig5"), Some("a-to-b"))
+        );
+        assert_eq!(named("run=r1").run.as_deref(), Some("r1"));
+        for other in [
+            "my notes",
+            "campaign=a b",
+            "campaign=../x",
+            "run=r1 owner=me",
+            "",
+        ] {
+            let shape = named(other);
+            assert_eq!((shape.campaign, shape.run), (None, None), "{other:?}");
+        }
+        let client = Params {
+            extra_data: Params::extra_data_of(Some("fig5"), None),
+            ..Params::default()
+        };
+        assert_eq!(client.to_json()["extra_data"], "campaign=fig5");
+        assert!(Params::default().to_json().get("extra_data").is_none());
     }
 
     #[test]

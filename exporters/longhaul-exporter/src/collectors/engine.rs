@@ -22,7 +22,11 @@
 //!
 //! `longhaul_session_info` carries the session's `protocol`: `longhaul`, or
 //! `iperf3` for an iperf3 client's test (`longhaul serve --iperf3-listen`),
-//! so rules and dashboards that join on it can tell the two apart.
+//! so rules and dashboards that join on it can tell the two apart; and the
+//! `campaign` and `run` the client named (`longhaul send --campaign NAME
+//! --run NAME`), so a campaign's runs are series that outlive any
+//! dashboard. Those two are on the info series only: per-stream series join
+//! on `session`, and their label sets stay as they were.
 
 use longhaul_stats_api::{Direction, Mode, Protocol};
 
@@ -166,6 +170,11 @@ pub fn families(view: &EngineView) -> Vec<Family> {
         if let Some(host) = &s.peer_host {
             labels.push(("peer_host", host));
         }
+        for (name, value) in [("campaign", &s.campaign), ("run", &s.run)] {
+            if let Some(value) = value {
+                labels.push((name, value));
+            }
+        }
         labels.extend([
             ("mode", mode_str(s.mode)),
             ("direction", dir_str(s.direction)),
@@ -256,6 +265,8 @@ mod tests {
                 id: "s1".into(),
                 peer: "10.0.0.2:40000".into(),
                 peer_host: Some("xfer-a".into()),
+                campaign: None,
+                run: None,
                 local: Some("10.0.0.1:7400".into()),
                 protocol: longhaul_stats_api::Protocol::Longhaul,
                 mode: Mode::Disk,
@@ -481,6 +492,54 @@ mod tests {
         );
         let info = &family("longhaul_session_info").samples[0];
         assert_eq!(info.labels[2], ("peer_host", "xfer-a".to_string()));
+    }
+
+    /// A session's campaign and run are labels of its info series, and of
+    /// no per-stream or per-session counter; names that are not plain (an
+    /// older or foreign engine's) are left out, the series kept.
+    #[test]
+    fn campaign_and_run_label_the_info_series_only() {
+        let mut snap = snapshot(2);
+        snap.sessions[0].campaign = Some("fig5".into());
+        snap.sessions[0].run = Some("a-to-b".into());
+        let mut stranger = snap.sessions[0].clone();
+        stranger.id = "s2".into();
+        stranger.campaign = Some("x\"} 1\nfake_metric{a=\"".into());
+        stranger.run = Some("y".repeat(200));
+        snap.sessions.push(stranger);
+        let fams = families_of(&snap, 256);
+        let info: Vec<_> = fams
+            .iter()
+            .find(|f| f.name == "longhaul_session_info")
+            .unwrap()
+            .samples
+            .iter()
+            .map(|s| s.labels.clone())
+            .collect();
+        let get = |labels: &[(&'static str, String)], key: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get(&info[0], "campaign").as_deref(), Some("fig5"));
+        assert_eq!(get(&info[0], "run").as_deref(), Some("a-to-b"));
+        assert_eq!(get(&info[1], "session").as_deref(), Some("s2"));
+        assert_eq!(
+            (get(&info[1], "campaign"), get(&info[1], "run")),
+            (None, None)
+        );
+        for family in fams.iter().filter(|f| f.name != "longhaul_session_info") {
+            for sample in &family.samples {
+                assert!(
+                    get(&sample.labels, "campaign").is_none()
+                        && get(&sample.labels, "run").is_none(),
+                    "{}: {:?}",
+                    family.name,
+                    sample.labels
+                );
+            }
+        }
     }
 
     /// Every session's info series names its protocol; an iperf3 test's

@@ -39,6 +39,55 @@ fn bad_flags_exit_2_naming_the_problem() {
     );
 }
 
+/// `--campaign` and `--run` take plain names: a space, a slash, 200
+/// characters are refused before any connection, naming the flag (send,
+/// send --protocol iperf3, get and sweep).
+#[test]
+fn campaign_and_run_names_that_are_not_plain_exit_2_naming_the_flag() {
+    let long = "x".repeat(200);
+    for (flag, name, why) in [
+        ("--campaign", "fig 5", "contains ' '"),
+        ("--campaign", "fig/5", "contains '/'"),
+        (
+            "--campaign",
+            long.as_str(),
+            "200 characters long, at most 64",
+        ),
+        ("--run", "a to b", "contains ' '"),
+        ("--run", "../b", "contains '/'"),
+        ("--run", long.as_str(), "200 characters long, at most 64"),
+        ("--run", "", "empty"),
+    ] {
+        let arg = format!("{flag}={name}");
+        for args in [
+            vec!["send", "--to", "127.0.0.1:1", arg.as_str()],
+            vec![
+                "send",
+                "--protocol",
+                "iperf3",
+                "--to",
+                "127.0.0.1:1",
+                arg.as_str(),
+            ],
+            vec!["get", "--from", "127.0.0.1:1", "x", arg.as_str()],
+            vec!["sweep", "--to", "127.0.0.1:1", arg.as_str()],
+        ] {
+            let out = run(&args);
+            assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+            assert!(
+                out.stderr.contains(flag) && out.stderr.contains(why),
+                "{args:?}: {}",
+                out.stderr
+            );
+            assert!(
+                !out.stderr.contains("refused"),
+                "{args:?} connected: {}",
+                out.stderr
+            );
+        }
+    }
+}
+
 #[test]
 fn unreachable_host_exits_1_refused() {
     // Bind and drop a listener to find a closed loopback port.

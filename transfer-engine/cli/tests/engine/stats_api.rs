@@ -6,6 +6,107 @@ use longhaul_stats_api::{Direction, Mode, State};
 
 use crate::support::*;
 
+/// `send --campaign fig5 --run a-to-b`: the server keeps both names with
+/// the session and its stats API lists them, while it runs and after; a
+/// session without them lists none.
+#[test]
+fn stats_api_lists_the_campaign_and_run_a_client_named() {
+    let server = Server::start(&[]);
+    let named = [
+        "send",
+        "--to",
+        &server.addr(),
+        "--time",
+        "1",
+        "--json",
+        "--campaign",
+        "fig5",
+        "--run",
+        "a-to-b",
+    ];
+    let sender = spawn(&named);
+    let t = Instant::now();
+    let running = loop {
+        let snap = snapshot(server.stats_port);
+        if let Some(s) = snap
+            .sessions
+            .into_iter()
+            .find(|s| s.state == State::Running)
+        {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no running session seen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (running.campaign.as_deref(), running.run.as_deref()),
+        (Some("fig5"), Some("a-to-b"))
+    );
+    let out = sender.wait(RUN_TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let out = run(&["send", "--to", &server.addr(), "--time", "1"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let snap = snapshot(server.stats_port);
+    let names: Vec<_> = snap
+        .sessions
+        .iter()
+        .map(|s| (s.state, s.campaign.as_deref(), s.run.as_deref()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (State::Finished, Some("fig5"), Some("a-to-b")),
+            (State::Finished, None, None)
+        ]
+    );
+}
+
+/// A client that skips the command line and names a campaign that is not a
+/// plain name in its request is refused with an error naming the field; the
+/// name never reaches the stats API, and the error quotes at most its start.
+#[test]
+fn a_crafted_request_with_a_name_that_is_not_plain_is_refused() {
+    use longhaul_engine::messages::{Message, SessionRequest};
+    let server = Server::start(&[]);
+    let huge = format!("x\"}} 1\n{}", "y".repeat(100_000));
+    for (campaign, run) in [(Some(huge.clone()), None), (None, Some("a b".to_string()))] {
+        let sock = std::net::TcpStream::connect(server.addr()).unwrap();
+        let mut conn = authenticate(sock).unwrap();
+        let request = SessionRequest {
+            campaign: campaign.clone(),
+            run: run.clone(),
+            ..disk_request(
+                longhaul_engine::messages::Direction::Send,
+                serde_json::json!({}),
+            )
+        };
+        conn.send(&Message::SessionRequest(SessionRequest {
+            mode: longhaul_engine::messages::Mode::Memory,
+            mode_params: None,
+            ..request
+        }))
+        .unwrap();
+        let answer = conn.recv();
+        let text = format!("{answer:?}");
+        let flag = if campaign.is_some() {
+            "--campaign"
+        } else {
+            "--run"
+        };
+        assert!(text.contains(flag), "{text}");
+        assert!(
+            text.len() < 1_000,
+            "the error quotes the whole name: {} bytes",
+            text.len()
+        );
+    }
+    let snap = snapshot(server.stats_port);
+    assert!(snap.sessions.is_empty(), "{:?}", snap.sessions);
+}
+
 #[test]
 fn stats_api_shows_a_running_session_with_streams() {
     let server = Server::start(&[]);

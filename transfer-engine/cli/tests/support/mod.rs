@@ -389,5 +389,7 @@ pub fn disk_request(
         rate_bps: None,
         mode_params: Some(params),
         client_host: None,
+        campaign: None,
+        run: None,
     }
 }

@@ -1,0 +1,197 @@
+"""The dashboards in the lab, during a campaign: every target of every panel
+of every dashboard returns data from the lab's real Prometheus and InfluxDB,
+and every dashboard's annotation queries return each run of the campaign and
+its sessions, all run as Grafana runs them (tests/dashboard_queries.py,
+from Grafana's documentation: Grafana itself is AGPL, and nothing of ours
+builds or runs it). The grafana role provisioned the monitor as it would
+for the vendor's Grafana; its data sources are checked against the lab's
+servers the way Grafana's health checks reach them.
+
+Generic over the dashboards: whatever dashboards dashboards/ holds, whatever
+panels, targets, variables and annotation queries they have. Variables are
+resolved against the lab with every value they find selected (not "All" =
+.+, which would hide a panel whose series carry values its variable does not
+list).
+"""
+
+import json
+import time
+import urllib.parse
+
+import pytest
+import yaml
+from dashboard_queries import Dashboard, empty_targets, load_dashboards
+from labkit import INFLUX_MIN_S, REPO, SCRAPE_S, epoch, wait_until
+
+CAMPAIGN = "disk-2-controllers"
+# The live memory transfer the panels are queried during (a run of a campaign
+# of its own); it must outlast the queries.
+LIVE_CAMPAIGN, LIVE_RUN = "lab-live", "a-to-b-live"
+LIVE_SECONDS = 600
+LIVE_STREAMS = 8
+# Seconds of an idle path the module leaves behind (test_lab.py's router check
+# integrates 15 s before its run, over several 5 s SNMP polls).
+QUIET_AFTER_S = 25
+# Grafana samples annotation queries every `step` (30 s) on step-aligned instants.
+ANNOTATION_STEP_S = 30
+
+
+@pytest.fixture(scope="module")
+def transfers(provisioned, tmp_path_factory):
+    """A disk campaign (the engine's per-device panels, the annotations), then a
+    long memory transfer that still runs while the tests query; yields (time
+    range start, the campaign's PlaybookRun, its results directory, the live sender)."""
+    lab = provisioned
+    started = time.time()
+    results = tmp_path_factory.mktemp("results")
+    run, directory = lab.campaign(CAMPAIGN, results)
+    sender = lab.start_long_transfer(
+        LIVE_SECONDS, LIVE_STREAMS, campaign=LIVE_CAMPAIGN, run=LIVE_RUN
+    )
+    try:
+        # Live for a while in Prometheus, so rates over $__rate_interval exist.
+        wait_until(
+            lambda: lab.promql(
+                'sum(rate(longhaul_session_bytes_total{instance="xfer-b", direction="receive"}'
+                "[20s])) > 0"
+            ),
+            90,
+            "the live transfer in Prometheus",
+        )
+        time.sleep(30)
+        yield started, run, directory, sender
+    finally:
+        lab.stop_long_transfer(sender)
+        # The next module's router checks integrate the seconds before their own runs:
+        # leave the path idle for longer than that, once the last stream has closed.
+        wait_until(
+            lambda: lab.sh(
+                "xfer-b", "ss -Htn state established '( sport = :7400 )' | wc -l"
+            ).stdout.strip()
+            == "0",
+            60,
+            "the live transfer's connections to close",
+        )
+        time.sleep(QUIET_AFTER_S)
+
+
+def dashboards(lab, started, **options):
+    return [
+        Dashboard(
+            board, lab, started, time.time(), SCRAPE_S, INFLUX_MIN_S, every_value=True, **options
+        )
+        for board in load_dashboards().values()
+    ]
+
+
+def campaign_runs(directory):
+    """{run name: (start, end)} of the campaign's runs, from their .run.json."""
+    runs = yaml.safe_load((REPO / "campaigns" / ("%s.yml" % CAMPAIGN)).read_text())["campaign_runs"]
+    found = {}
+    for spec in runs:
+        meta = json.loads((directory / ("%s.run.json" % spec["name"])).read_text())
+        found[spec["name"]] = (epoch(meta["start"]), epoch(meta["end"]))
+    return found
+
+
+def test_the_campaign_ran(transfers):
+    _, run, directory, _ = transfers
+    assert run.rc == 0, "campaign %s failed:\n%s" % (CAMPAIGN, run.tail())
+    assert campaign_runs(directory)
+
+
+def test_every_panel_returns_data_during_a_campaign(provisioned, transfers):
+    lab = provisioned
+    started, _, _, sender = transfers
+    views = dashboards(lab, started)
+    empty, queried = [], {}
+    for view in views:
+        for _, _, source_type, _ in view.targets():
+            queried[source_type] = queried.get(source_type, 0) + 1
+        empty += empty_targets(view)
+    assert sender.poll() is None, "the live transfer ended before the queries did: %s" % (
+        sender.stderr.read()
+    )
+    print("%d dashboards, targets queried: %s" % (len(views), queried))
+    assert {"prometheus", "influxdb"} <= set(queried), queried
+    assert not empty, "panels without data:\n  " + "\n  ".join(empty)
+
+
+def test_every_dashboard_annotates_each_run_and_its_sessions(provisioned, transfers):
+    """Each dashboard's "Campaign runs" annotation query draws every run of
+    the campaign (ansible/campaign.yml named them: --campaign, --run), from
+    about its start (a step and two scrapes later at most) to its end (the
+    engine lists a session a minute after it ended), and the live run; its "Sessions" query returns the sessions;
+    selecting another campaign shows none of the runs."""
+    lab = provisioned
+    started, run, directory, _ = transfers
+    assert run.rc == 0, "campaign %s failed:\n%s" % (CAMPAIGN, run.tail())
+    runs = campaign_runs(directory)
+    last_end = max(end for _, end in runs.values())
+    # The range reaches a step past the last run, so a sample falls on it.
+    time.sleep(max(0, last_end + ANNOTATION_STEP_S - time.time()))
+    for view in dashboards(lab, started):
+        regions = view.annotations("Campaign runs")
+        ours = {}
+        for region in regions:
+            ours.setdefault((region["labels"]["campaign"], region["labels"]["run"]), []).append(
+                region
+            )
+        assert (LIVE_CAMPAIGN, LIVE_RUN) in ours, (view.title, sorted(ours))
+        for name, (start, end) in runs.items():
+            found = ours.get((CAMPAIGN, name))
+            assert found, "%s: no annotation of run %s in %s" % (view.title, name, sorted(ours))
+            (region,) = found
+            print(
+                "%s: run %s annotated %+.0f s from its start, %+.0f s from its end"
+                % (view.title, name, region["start"] - start, region["end"] - end)
+            )
+            # Listed from the session's handshake, scraped within a scrape interval,
+            # sampled at the next step-aligned instant.
+            late = ANNOTATION_STEP_S + 2 * SCRAPE_S
+            assert start - ANNOTATION_STEP_S <= region["start"] <= start + late, region
+            assert end - ANNOTATION_STEP_S <= region["end"] <= end + 60 + ANNOTATION_STEP_S
+            assert region["title"] == "%s: run %s" % (CAMPAIGN, name), region
+        if "Sessions" in view.annotation_queries():
+            assert view.annotations("Sessions"), "%s: no session annotated" % view.title
+    for view in dashboards(lab, started, chosen={"campaign": "no-such-campaign"}, allow_empty=True):
+        assert view.annotations("Campaign runs") == [], view.title
+
+
+def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
+    """The grafana role (grafana_install auto: no Grafana here) provisioned the
+    monitor as for the vendor's Grafana. Its data sources file names the
+    uids the dashboards' data source variables default to, and from the
+    monitor its URLs answer as Grafana's health checks ask them: Prometheus
+    a query, InfluxDB a query of the routers database with the provisioned
+    reader's password."""
+    lab = provisioned
+    text = lab.sh("monitor", "cat /etc/grafana/provisioning/datasources/longhaul.yml").stdout
+    sources = {d["type"]: d for d in yaml.safe_load(text)["datasources"]}
+    assert {"prometheus", "influxdb"} <= set(sources), sources.keys()
+    check = (
+        "import base64, json, sys, urllib.parse, urllib.request\n"
+        "url, user, password = sys.argv[1:4]\n"
+        "request = urllib.request.Request(url)\n"
+        "if user:\n"
+        "    token = base64.b64encode(('%s:%s' % (user, password)).encode()).decode()\n"
+        "    request.add_header('Authorization', 'Basic ' + token)\n"
+        "print(urllib.request.urlopen(request, timeout=10).read().decode())\n"
+    )
+    prometheus = sources["prometheus"]
+    out = lab.sh(
+        "monitor",
+        "python3 - '%s/api/v1/query?query=up' '' '' <<'EOF'\n%sEOF" % (prometheus["url"], check),
+    ).stdout
+    assert json.loads(out)["data"]["result"], out
+    influx = sources["influxdb"]
+    query = urllib.parse.urlencode({"db": influx["jsonData"]["dbName"], "q": "SHOW MEASUREMENTS"})
+    out = lab.sh(
+        "monitor",
+        "python3 - '%s/query?%s' '%s' '%s' <<'EOF'\n%sEOF"
+        % (influx["url"], query, influx["user"], influx["secureJsonData"]["password"], check),
+    ).stdout
+    assert "interface" in out, out
+    # The dashboards' data source variables find these by type; the role's uids are
+    # the ones its README names for a Grafana that has several of a type.
+    assert prometheus["uid"] == "prometheus" and influx["uid"] == "influxdb-routers", sources
