@@ -107,6 +107,10 @@ pub struct DiskReport {
     pub skipped_by_checksum: u64,
     #[serde(default)]
     pub skipped_by_checksum_bytes: u64,
+    /// Of `file_bytes`: the resumed prefixes of files completed in this
+    /// session, which were not sent again (0 from an engine before it).
+    #[serde(default)]
+    pub resumed_bytes: u64,
     /// Payload bytes written in this session.
     pub written_bytes: u64,
     pub failures: Vec<FileFailure>,
