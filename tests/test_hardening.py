@@ -202,6 +202,11 @@ def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
         counts = admission(stats)
         assert counts["admitted"] == 2, counts
         assert counts["expired"] >= 300 + 40, counts
+        # The stalled handshakes are failed logins (timeout); the silent
+        # and trickling crowd never began one.
+        failed = counts["auth_failed"]
+        assert failed["timeout"] >= 40, counts
+        assert (failed["bad_token"], failed["bad_version"], failed["bad_proof"]) == (0, 0, 0), counts
         assert (counts["evicted"], counts["garbage"]) == (0, 0), counts
         assert counts["accepted"] >= 300 + 32 + 40 + 2 * 3, counts
     log = processes.log("serve")

@@ -22,6 +22,8 @@ use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
 use rsa::{Oaep, Pkcs1v15Encrypt, RsaPrivateKey, RsaPublicKey};
 use sha2::{Digest, Sha256};
 
+use longhaul_admission::AuthFailure;
+
 use crate::error::{Error, Result};
 
 /// iperf3's default `--time-skew-threshold`.
@@ -86,6 +88,15 @@ fn listed(text: &str, user: &str, hash: &str) -> bool {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| l.split_once(','))
         .any(|(u, h)| u == user && h.split(',').next() == Some(hash))
+}
+
+/// Why a token proves nothing: the counters' kind (wrong or missing
+/// credentials are a bad token; a token that is no proof, undecryptable or
+/// out of time, a bad proof) and the log's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub kind: AuthFailure,
+    pub why: String,
 }
 
 /// Credentials from a decrypted token.
@@ -171,20 +182,32 @@ impl ServerAuth {
         })
     }
 
-    /// The user a token proves, or why it proves nothing (for the log).
-    pub fn check(&self, token: Option<&str>) -> std::result::Result<String, String> {
+    /// The user a token proves, or what kind of failure it is and why it
+    /// proves nothing (for the counters and the log).
+    pub fn check(&self, token: Option<&str>) -> std::result::Result<String, Denied> {
         self.check_at(token, now_unix())
+            .map_err(|(kind, why)| Denied { kind, why })
     }
 
-    fn check_at(&self, token: Option<&str>, now: i64) -> std::result::Result<String, String> {
-        let token = token
-            .ok_or("no credentials (the client needs --username and --rsa-public-key-path)")?;
+    fn check_at(
+        &self,
+        token: Option<&str>,
+        now: i64,
+    ) -> std::result::Result<String, (AuthFailure, String)> {
+        let bad = |why: String| (AuthFailure::BadProof, why);
+        let token = token.ok_or_else(|| {
+            (
+                AuthFailure::BadToken,
+                "no credentials (the client needs --username and --rsa-public-key-path)"
+                    .to_string(),
+            )
+        })?;
         if token.len() > MAX_TOKEN_LEN {
-            return Err(format!("a {}-byte token", token.len()));
+            return Err(bad(format!("a {}-byte token", token.len())));
         }
         let sealed = base64::engine::general_purpose::STANDARD
             .decode(token.trim())
-            .map_err(|e| format!("the token is not base64: {e}"))?;
+            .map_err(|e| bad(format!("the token is not base64: {e}")))?;
         let mut rng = rsa::rand_core::OsRng;
         let plain = self
             .key
@@ -193,24 +216,27 @@ impl ServerAuth {
                 self.key
                     .decrypt_blinded(&mut rng, Oaep::new::<sha1::Sha1>(), &sealed)
             })
-            .map_err(|_| "the token does not decrypt with our private key".to_string())?;
+            .map_err(|_| bad("the token does not decrypt with our private key".to_string()))?;
         let text = String::from_utf8_lossy(&plain);
-        let c = parse_token_text(&text).ok_or("the decrypted token is not user/pwd/ts")?;
+        let c = parse_token_text(&text)
+            .ok_or_else(|| bad("the decrypted token is not user/pwd/ts".to_string()))?;
         let skew = (now - c.timestamp).unsigned_abs();
         if skew > self.skew.as_secs() {
-            return Err(format!(
+            return Err(bad(format!(
                 "user {}: the token's time is {skew} s off ours (at most {} s allowed)",
                 c.user,
                 self.skew.as_secs()
-            ));
+            )));
         }
-        let users = read_users(&self.users)?;
+        // The users file is ours: a failure to read it is no fault of the
+        // client's, but the test is refused all the same.
+        let users = read_users(&self.users).map_err(bad)?;
         if listed(&users, &c.user, &password_hash(&c.user, &c.password)) {
             Ok(c.user)
         } else {
-            Err(format!(
-                "user {}: unknown, or the password does not match",
-                c.user
+            Err((
+                AuthFailure::BadToken,
+                format!("user {}: unknown, or the password does not match", c.user),
             ))
         }
     }
@@ -278,13 +304,23 @@ mod tests {
             );
         }
         let fail = |t: Option<&str>| auth.check_at(t, now).unwrap_err();
-        assert!(fail(Some(&token("alice", "wrong", now, Padding::Pkcs1v15))).contains("alice"));
-        assert!(fail(Some(&token("bob", "s3cret", now, Padding::Pkcs1v15))).contains("bob"));
+        let wrong = |t: Option<&str>| {
+            let (kind, why) = fail(t);
+            assert_eq!(kind, AuthFailure::BadToken, "{why}");
+            why
+        };
+        let no_proof = |t: Option<&str>| {
+            let (kind, why) = fail(t);
+            assert_eq!(kind, AuthFailure::BadProof, "{why}");
+            why
+        };
+        assert!(wrong(Some(&token("alice", "wrong", now, Padding::Pkcs1v15))).contains("alice"));
+        assert!(wrong(Some(&token("bob", "s3cret", now, Padding::OaepSha1))).contains("bob"));
         assert!(
-            fail(Some(&token("alice", "s3cret", now - 60, Padding::Pkcs1v15))).contains("60 s")
+            no_proof(Some(&token("alice", "s3cret", now - 60, Padding::Pkcs1v15))).contains("60 s")
         );
-        assert!(fail(None).contains("--username"));
-        assert!(fail(Some("!!")).contains("base64"));
+        assert!(wrong(None).contains("--username"));
+        assert!(no_proof(Some("!!")).contains("base64"));
         let other = RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).unwrap();
         let c = Credentials {
             user: "alice".into(),
@@ -292,7 +328,7 @@ mod tests {
             timestamp: now,
         };
         let foreign = encode_token(&c, &other.to_public_key(), Padding::Pkcs1v15).unwrap();
-        assert!(fail(Some(&foreign)).contains("decrypt"));
+        assert!(no_proof(Some(&foreign)).contains("decrypt"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
