@@ -7,9 +7,12 @@ Only ever aims at 127.0.0.1 ports the test itself started servers on.
 """
 
 import errno
+import json
+import os
 import resource
 import selectors
 import socket
+import struct
 import threading
 import time
 
@@ -122,6 +125,75 @@ class Crowd:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class StalledIperf3Tests:
+    """`count` iperf3 tests from 127.0.0.1 that stop after their parameter
+    exchange: each connection sends a cookie and a test's parameters,
+    reads the server's answer and then says nothing (it never opens its
+    streams), and is reopened as soon as the server closes it. One thread
+    per connection. Counts the answers: `slots` for CREATE_STREAMS (the
+    test took a slot), `denied` for ACCESS_DENIED, and `cut` for every
+    close by the server."""
+
+    PARAM_EXCHANGE, CREATE_STREAMS, ACCESS_DENIED = 9, 10, 0xFF
+
+    def __init__(self, port, count, params):
+        body = json.dumps(params).encode()
+        self.port = port
+        self.count = count
+        self.block = struct.pack(">I", len(body)) + body
+        self.slots = self.denied = self.cut = 0
+        self.errors = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = []
+
+    def _one(self):
+        s = socket.create_connection((LOOPBACK, self.port), timeout=15)
+        try:
+            s.sendall(os.urandom(18).hex().encode() + b"\0")
+            if s.recv(1) != bytes([self.PARAM_EXCHANGE]):
+                return
+            s.sendall(self.block)
+            answer = s.recv(1)
+            with self.lock:
+                if answer == bytes([self.CREATE_STREAMS]):
+                    self.slots += 1
+                elif answer == bytes([self.ACCESS_DENIED]):
+                    self.denied += 1
+            # Silent from here on, until the server cuts it.
+            s.settimeout(None)
+            while not self.stopping.is_set() and s.recv(4096):
+                pass
+        finally:
+            s.close()
+            with self.lock:
+                self.cut += 1
+
+    def _run(self):
+        while not self.stopping.is_set():
+            try:
+                self._one()
+            except OSError as error:
+                with self.lock:
+                    self.errors.append(error)
+                time.sleep(0.05)
+
+    def __enter__(self):
+        raise_open_files_limit()
+        for _ in range(self.count):
+            t = threading.Thread(target=self._run, daemon=True)
+            t.start()
+            self.threads.append(t)
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        # Threads blocked in recv end when the server cuts them (within its
+        # attach timeout) or when the process ends: they are daemons.
+        for t in self.threads:
+            t.join(timeout=0.1)
 
 
 def proc_status(pid):

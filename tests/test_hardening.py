@@ -2,7 +2,8 @@
 release binaries on loopback (issue 13's numbers; README "Reliability").
 
 * control port: 300 silent and 32 trickling strangers (plus 40 that send a
-  Hello and stall) held longer than every deadline; an authenticated
+  Hello of the server's protocol version, read its Challenge and stall)
+  held longer than every deadline; an authenticated
   `longhaul send --streams 2 --time 2` succeeds before and after, and the
   stats API's admission counters tell the two sends from the crowd;
 * exporter: 100 trickling clients; a scrape still answers within 5 s;
@@ -17,9 +18,11 @@ Binaries come from $LONGHAUL_DIST (default <repo>/dist; `make build`).
 
 import json
 import re
+import selectors
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -65,11 +68,99 @@ def final_json(run):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def hello_frame():
+# The control protocol's version (PROTOCOL_VERSION, transfer-engine/src/lib.rs).
+# A Hello of any other version is refused at once, so stalled strangers of
+# another version would test nothing: StalledAfterHello checks that the
+# server answers this one with a Challenge of the same version.
+PROTOCOL_VERSION = 3
+FRAME_HEADER = struct.Struct(">4sBI")
+HELLO, CHALLENGE = 0x01, 0x02
+
+
+def hello_frame(version=PROTOCOL_VERSION):
     body = json.dumps(
-        {"version": 1, "client_nonce": "ab" * 32, "software": "stall"}
+        {"version": version, "client_nonce": "ab" * 32, "software": "stall"}
     ).encode()
-    return b"LHCF" + bytes([0x01]) + struct.pack(">I", len(body)) + body
+    return FRAME_HEADER.pack(b"LHCF", HELLO, len(body)) + body
+
+
+def read_frame(s):
+    """One control frame: (message type, JSON body)."""
+
+    def exactly(n):
+        got = b""
+        while len(got) < n:
+            chunk = s.recv(n - len(got))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(got)} of {n} bytes")
+            got += chunk
+        return got
+
+    magic, kind, length = FRAME_HEADER.unpack(exactly(FRAME_HEADER.size))
+    assert magic == b"LHCF", magic
+    return kind, json.loads(exactly(length))
+
+
+def stall_after_hello(port):
+    """A connection that said Hello, got the server's Challenge, and says no
+    more: it waits in the handshake (a thread of the server's) until the
+    admission deadline cuts it."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(hello_frame())
+    kind, body = read_frame(s)
+    assert (kind, body.get("version")) == (CHALLENGE, PROTOCOL_VERSION), (
+        "the server did not take a Hello of protocol version "
+        f"{PROTOCOL_VERSION} (it answered type {kind:#x}: {body}); "
+        "PROTOCOL_VERSION here must follow transfer-engine/src/lib.rs"
+    )
+    return s
+
+
+class StalledAfterHello:
+    """`count` connections stalled after the Challenge, each reopened when the
+    server cuts it, on a thread; counts the cuts."""
+
+    def __init__(self, port, count):
+        self.port, self.count = port, count
+        self.cut = 0
+        self.errors = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        # The first round on the caller's thread: a wrong version fails here.
+        self.conns = [stall_after_hello(self.port) for _ in range(self.count)]
+        self.thread.start()
+        return self
+
+    def _run(self):
+        sel = selectors.DefaultSelector()
+        for s in self.conns:
+            sel.register(s, selectors.EVENT_READ)
+        while not self.stopping.is_set():
+            for key, _ in sel.select(timeout=0.2):
+                s = key.fileobj
+                try:
+                    closed = s.recv(64) == b""
+                except OSError:
+                    closed = True
+                if not closed:
+                    continue
+                sel.unregister(s)
+                s.close()
+                self.cut += 1
+                try:
+                    fresh = stall_after_hello(self.port)
+                except (AssertionError, OSError) as e:
+                    self.errors.append(e)
+                    continue
+                sel.register(fresh, selectors.EVENT_READ)
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.thread.join(timeout=10)
 
 
 def admission(stats, listener="longhaul"):
@@ -81,13 +172,9 @@ def admission(stats, listener="longhaul"):
 
 def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
     proc, port, stats = helpers.start_engine(processes, "--token-file", token)
-    # Strangers that get as far as a Hello and stall there, on threads.
-    stalled = []
-    for _ in range(40):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(hello_frame())
-        stalled.append(s)
-    with hostile.Crowd(
+    # Strangers that get as far as the Challenge and stall there, each on a
+    # handshake thread of the server's, plus the crowd.
+    with StalledAfterHello(port, 40) as stalled, hostile.Crowd(
         port, silent=300, trickling=32, trickle=LHCF_HELLO_HEADER, interval=2.0
     ) as crowd:
         time.sleep(1.0)
@@ -105,17 +192,23 @@ def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
         while crowd.reopened < 300 and time.monotonic() < cut_by:
             time.sleep(0.2)
         assert crowd.reopened >= 300, f"the server never cut the crowd ({crowd.reopened})"
+        # The stalled handshakes were cut by the same deadline and came back.
+        assert stalled.cut >= 40, f"the server never cut the stalled handshakes ({stalled.cut})"
+        assert not stalled.errors, stalled.errors
         processes.check_running(proc)
         # The stats API tells the flood from the clients: the two sends
         # admitted, the silent crowd expired, nobody pushed out (the pools
         # have room for it) and nothing that was not the protocol.
         counts = admission(stats)
         assert counts["admitted"] == 2, counts
-        assert counts["expired"] >= 300, counts
+        assert counts["expired"] >= 300 + 40, counts
+        # The stalled handshakes are failed logins (timeout); the silent
+        # and trickling crowd never began one.
+        failed = counts["auth_failed"]
+        assert failed["timeout"] >= 40, counts
+        assert (failed["bad_token"], failed["bad_version"], failed["bad_proof"]) == (0, 0, 0), counts
         assert (counts["evicted"], counts["garbage"]) == (0, 0), counts
         assert counts["accepted"] >= 300 + 32 + 40 + 2 * 3, counts
-    for s in stalled:
-        s.close()
     log = processes.log("serve")
     assert "finished" in log, log
     # RFC 3339 UTC timestamps on every line of the server's log.

@@ -12,7 +12,9 @@ on loopback with the release binaries ($LONGHAUL_DIST, `make build`).
   connection, a 1 GiB parameter length, truncated JSON, a client vanishing
   in every protocol state, 300 silent connections held past the admission
   deadline; after each a real client succeeds and the server's memory stays
-  bounded;
+  bounded; one source stalling 16, then 200, tests after their parameters
+  (reopened when cut) while real clients from 127.0.0.2 succeed throughout,
+  the refusals counted in the stats API and the exporter;
 * iperf3 authentication: the right user and key succeed, a wrong password
   and an unknown user are refused with iperf3's own error text.
 """
@@ -64,7 +66,15 @@ def start_server(processes, name, *extra):
 
 @pytest.fixture(scope="module")
 def server(module_processes):
-    return start_server(module_processes, "serve-iperf3", "--iperf3-max-tests", "32")
+    # Every client here comes from 127.0.0.1: it may take every slot.
+    return start_server(
+        module_processes,
+        "serve-iperf3",
+        "--iperf3-max-tests",
+        "32",
+        "--iperf3-max-tests-per-source",
+        "32",
+    )
 
 
 def run_iperf3(port, *args, timeout=120, env=None):
@@ -595,6 +605,68 @@ def test_300_silent_connections(server):
     still_serves(server)
 
 
+def admission(server, listener="iperf3"):
+    engine = helpers.get_json(f"http://127.0.0.1:{server.stats}/v1/sessions")["engine"]
+    return next(a for a in engine["admission"] if a["listener"] == listener)
+
+
+def exported(port, name, **labels):
+    """The value of one sample of the exporter's scrape (0 if absent)."""
+    text = helpers.http_get(f"http://127.0.0.1:{port}/metrics")
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            got = ",".join(sorted(line[line.index("{") + 1 : line.index("}")].split(",")))
+            if got == want:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# Each crowd is held past every deadline a stalled test meets: the 5 s
+# attach timeout and the 10 s admission deadline.
+FLOOD_HOLD_S = 12.0
+
+
+def test_one_source_stalling_its_tests_cannot_lock_out_the_others(processes):
+    """One source opens 16, then 200, iperf3 tests that stop after their
+    parameters, reopening each as soon as it is cut. Before, 16 took every
+    slot of the default 16 for 30 s each and no other client was served;
+    now the source gets its share (a quarter), a stalled test gives its slot
+    back after 5 s, and real iperf3 clients from 127.0.0.2 succeed throughout."""
+    srv = start_server(processes, "serve-iperf3-flood")
+    exporter = start_exporter(srv)
+    for count in (16, 200):
+        with hostile.StalledIperf3Tests(srv.port, count, params(seconds=10)) as flood:
+            time.sleep(1.0)
+            ends = time.monotonic() + FLOOD_HOLD_S
+            served = 0
+            while time.monotonic() < ends:
+                rc, data, stderr = run_iperf3(srv.port, "-t", 1, "-B", "127.0.0.2")
+                assert rc == 0 and data and "error" not in data, (
+                    f"{count} stalled tests: a real client failed after {served} served: "
+                    f"{data and data.get('error')} {stderr}\n"
+                    f"{processes.log(srv.name)[-3000:]}"
+                )
+                check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 1)
+                served += 1
+            assert served >= 3, served
+            # The source held at most its share, and got its slots back.
+            assert flood.slots >= 4 and flood.denied > 0, vars(flood)
+            assert flood.cut >= count, vars(flood)
+        processes.check_running(srv.proc)
+    counts = admission(srv)
+    refused = counts["refused"]
+    assert refused["source_busy"] > 0 and refused["attach_timeout"] > 0, counts
+    assert refused["busy"] == 0, counts
+    # The exporter says the same.
+    for reason in ("source_busy", "attach_timeout"):
+        value = exported(
+            exporter, "longhaul_admission_refused_total", listener="iperf3", reason=reason
+        )
+        assert value > 0, reason
+    assert rss_mib(srv.proc) < MAX_RSS_MIB
+
+
 # ------------------------------------------------------------ authentication
 
 
@@ -771,6 +843,9 @@ def test_unpaced_client_is_stopped_by_the_running_rate(rate_limited, args):
         ("--iperf3-server-bitrate-limit", "0", "must be positive"),
         ("--iperf3-server-bitrate-limit", "fast", "fast"),
         ("--iperf3-server-bitrate-limit", "5X", "5X"),
+        # More than the 16 tests there are in all.
+        ("--iperf3-max-tests-per-source", "17", "1..16"),
+        ("--iperf3-max-pending-per-source", "0", "1..=256"),
     ],
 )
 def test_bad_limit_flags_exit_2_naming_the_flag(flag, value, why):

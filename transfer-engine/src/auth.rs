@@ -110,7 +110,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 }
 
 pub fn from_hex(text: &str) -> Result<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.is_ascii() {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return Err(Error::Protocol(format!("bad hex string '{text}'")));
     }
     (0..text.len())

@@ -298,9 +298,36 @@ pub fn sleep_until(at: SystemTime) {
     }
 }
 
+/// A send that failed: why, and the final report when the data phase ran
+/// to its end (files that failed, idle streams with `--strict`), which
+/// then says `"ok": false` and what moved and was verified.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: Error,
+    pub report: Option<Box<FinalReport>>,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure {
+            error,
+            report: None,
+        }
+    }
+}
+
 /// Runs a whole `send` and returns the final report; `watch`, if any, is
 /// called while the data moves.
 pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> {
+    run_reporting(opts, watch).map_err(|f| f.error)
+}
+
+/// [`run`], keeping the final report of a run that failed after its data
+/// phase.
+pub fn run_reporting(
+    opts: &SendOptions,
+    watch: Option<Watch<'_>>,
+) -> std::result::Result<FinalReport, Failure> {
     let mut req = opts.request();
     session::validate(&req)?;
     check_start_at(opts.start_at)?;
@@ -360,8 +387,6 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
         outcome.local.mode_summary.as_ref(),
         outcome.remote.mode_summary.as_ref(),
     );
-    plane.check(local, remote)?;
-    check_idle_streams(&req, plane.as_ref(), &outcome, opts.strict)?;
     let mut report = FinalReport::from_outcome(
         req.mode,
         req.direction,
@@ -374,5 +399,14 @@ pub fn run(opts: &SendOptions, watch: Option<Watch<'_>>) -> Result<FinalReport> 
     if let Some(Amount::Seconds(s)) = opts.payload.amount() {
         report.requested_seconds = Some(s);
     }
-    Ok(report)
+    let verdict = plane
+        .check(local, remote)
+        .and_then(|()| check_idle_streams(&req, plane.as_ref(), &outcome, opts.strict));
+    match verdict {
+        Ok(()) => Ok(report),
+        Err(error) => Err(Failure {
+            report: Some(Box::new(report.failed(&error))),
+            error,
+        }),
+    }
 }

@@ -45,6 +45,9 @@ pub enum Error {
     /// Streams that moved no bytes at all (`--strict`).
     #[error("idle streams: {0}")]
     IdleStreams(String),
+    /// Disk mode: some files failed (each named), the others arrived.
+    #[error("incomplete: {0}")]
+    Incomplete(String),
     /// A socket option or mode the kernel or the peer cannot provide.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -101,6 +104,7 @@ impl Error {
             Error::DiskFull(_) => "disk_full",
             Error::Unsupported(_) => "unsupported",
             Error::IdleStreams(_) => "idle_streams",
+            Error::Incomplete(_) => "incomplete",
             Error::Io { .. } => "io",
         }
     }
@@ -136,6 +140,7 @@ impl Error {
             | Error::ChecksumMismatch(m)
             | Error::DiskFull(m)
             | Error::IdleStreams(m)
+            | Error::Incomplete(m)
             | Error::Unsupported(m) => m.clone(),
             // Only the server sends this one (it checks the client's Hello).
             Error::VersionMismatch { ours, theirs } => {

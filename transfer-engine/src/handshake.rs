@@ -17,7 +17,7 @@
 
 use std::net::IpAddr;
 
-use longhaul_admission::FirstMessage;
+use longhaul_admission::{AuthFailure, FirstMessage, ProofTurn};
 
 use crate::attach::{ATTACH_LEN, ATTACH_MAGIC};
 use crate::auth::{from_hex, proofs_equal, random_bytes, to_hex, Token, NONCE_LEN};
@@ -94,22 +94,49 @@ pub fn is_loopback(ip: IpAddr) -> bool {
     }
 }
 
+/// Waits for the peer's source's turn to have a token proof checked (its
+/// failed proofs budget); None when the admission deadline passed.
+pub type ProofGate<'a> = &'a dyn Fn() -> Option<ProofTurn>;
+
+/// What a failed server handshake counts as, if anything: a peer that
+/// left or went silent is not counted here (the admission deadline counts
+/// the silent ones).
+pub fn auth_failure(e: &Error) -> Option<AuthFailure> {
+    match e {
+        Error::Auth(_) => Some(AuthFailure::BadToken),
+        Error::VersionMismatch { .. } | Error::RemoteVersionMismatch(_) => {
+            Some(AuthFailure::BadVersion)
+        }
+        Error::Protocol(_) => Some(AuthFailure::BadProof),
+        _ => None,
+    }
+}
+
 /// Server side of Hello -> Challenge -> Auth on a fresh control connection,
-/// up to (not including) `AuthOk`. On failure the peer has been told why.
-pub fn authenticate(conn: &mut Connection, policy: &AuthPolicy) -> Result<Proven> {
+/// up to (not including) `AuthOk`; a token proof is checked only in its
+/// source's turn (`gate`). On failure the peer has been told why.
+pub fn authenticate(
+    conn: &mut Connection,
+    policy: &AuthPolicy,
+    gate: ProofGate<'_>,
+) -> Result<Proven> {
     conn.set_max_frame(MAX_HANDSHAKE_FRAME);
     conn.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
     // A client that reads nothing must not hold a session slot while we
     // wait to write.
     conn.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))?;
-    let result = authenticate_inner(conn, policy);
+    let result = authenticate_inner(conn, policy, gate);
     if let Err(e) = &result {
         conn.send_error(e);
     }
     result
 }
 
-fn authenticate_inner(conn: &mut Connection, policy: &AuthPolicy) -> Result<Proven> {
+fn authenticate_inner(
+    conn: &mut Connection,
+    policy: &AuthPolicy,
+    gate: ProofGate<'_>,
+) -> Result<Proven> {
     let peer = conn.peer();
     let hello = match conn.recv()? {
         Message::Hello(h) => h,
@@ -147,10 +174,19 @@ fn authenticate_inner(conn: &mut Connection, policy: &AuthPolicy) -> Result<Prov
                 "the server requires a token: pass --token-file".into(),
             ));
         };
+        let proof = from_hex(&proof)?;
+        let Some(turn) = gate() else {
+            return Err(Error::Timeout(
+                "too many failed proofs from this address: slowed down past the admission deadline"
+                    .into(),
+            ));
+        };
         let expected = t.client_proof(&server_nonce, &client_nonce);
-        if !proofs_equal(&from_hex(&proof)?, &expected) {
+        if !proofs_equal(&proof, &expected) {
+            // The turn stays spent.
             return Err(Error::Auth("wrong token".into()));
         }
+        turn.passed();
     }
     Ok(Proven {
         server_nonce,

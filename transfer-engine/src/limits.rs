@@ -97,6 +97,21 @@ pub const HANDSHAKING_CAPACITY: usize = 256;
 /// One source's share of the handshaking pool.
 pub const HANDSHAKING_PER_SOURCE: usize = 64;
 
+/// Failed proofs (a wrong token, wrong iperf3 credentials) one source may
+/// have at once before it is slowed down (`longhaul_admission::budget`):
+/// a client with a mistyped token retries a few times and is told why.
+pub const FAILED_PROOF_BURST: u32 = 10;
+
+/// Failed proofs one source may have per second past the burst: its
+/// handshakes wait for their turn to have a proof checked (within the
+/// admission deadline). A guesser got 100 wrong-token handshakes through
+/// in 1.1 s; now 100 take 9 s, from any number of connections. Honest
+/// clients never wait: a proof that holds gives its turn back. (A token is
+/// 256 bits of HMAC key: guessing is hopeless anyway; the budget keeps a
+/// guesser from making us spend CPU, an RSA decryption per iperf3 try, and
+/// log lines at will.)
+pub const FAILED_PROOFS_PER_SECOND: f64 = 10.0;
+
 /// The admission pools and deadline of a listening port, from the limits
 /// above.
 pub fn admission_settings() -> longhaul_admission::Settings {
@@ -110,5 +125,9 @@ pub fn admission_settings() -> longhaul_admission::Settings {
             per_source: HANDSHAKING_PER_SOURCE,
         },
         deadline: ADMISSION_DEADLINE,
+        proofs: longhaul_admission::ProofLimits {
+            burst: FAILED_PROOF_BURST,
+            per_second: FAILED_PROOFS_PER_SECOND,
+        },
     }
 }

@@ -408,6 +408,20 @@ impl Registry {
                         evicted: l.counters.evicted.load(Ordering::Relaxed),
                         expired: l.counters.expired.load(Ordering::Relaxed),
                         garbage: l.counters.garbage.load(Ordering::Relaxed),
+                        refused: api::Refused {
+                            busy: l.counters.refused_busy.load(Ordering::Relaxed),
+                            source_busy: l.counters.refused_source_busy.load(Ordering::Relaxed),
+                            attach_timeout: l
+                                .counters
+                                .refused_attach_timeout
+                                .load(Ordering::Relaxed),
+                        },
+                        auth_failed: api::AuthFailed {
+                            bad_token: l.counters.auth_bad_token.load(Ordering::Relaxed),
+                            bad_version: l.counters.auth_bad_version.load(Ordering::Relaxed),
+                            bad_proof: l.counters.auth_bad_proof.load(Ordering::Relaxed),
+                            timeout: l.counters.auth_timeout.load(Ordering::Relaxed),
+                        },
                     })
                     .collect(),
             },

@@ -10,6 +10,7 @@ use longhaul_units::{format_bps, format_bytes};
 use serde::Serialize;
 
 use crate::datapath::ModeReport;
+use crate::error::Error;
 use crate::messages::{CpuReport, Direction, Done, Mode, Role};
 use crate::session::PhaseOutcome;
 use crate::stream::StreamStats;
@@ -36,11 +37,60 @@ pub struct CpuPair {
     pub receiver: CpuReport,
 }
 
+/// Why a run failed, in its final object: `kind` is the error's short
+/// code (`disk_full`, `busy`, `incomplete`, `timeout`, ...), `message`
+/// what the command prints on stderr.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ErrorReport {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl ErrorReport {
+    pub fn of(error: &Error) -> ErrorReport {
+        ErrorReport {
+            kind: error.code(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The final object of a run that failed before it had anything to report
+/// (refused, auth, a peer gone in mid-run): `"ok": false` and the error,
+/// with the mode and direction that were asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedRun {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub ok: bool,
+    pub error: ErrorReport,
+    pub mode: Mode,
+    pub direction: Direction,
+}
+
+impl FailedRun {
+    pub fn new(mode: Mode, direction: Direction, error: &Error) -> FailedRun {
+        FailedRun {
+            kind: "result",
+            ok: false,
+            error: ErrorReport::of(error),
+            mode,
+            direction,
+        }
+    }
+}
+
 /// The final JSON object (DESIGN.md), plus a few extra fields.
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalReport {
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// False when the run failed after its data phase (files that failed,
+    /// idle streams with `--strict`): the object then says why in `error`
+    /// and still reports what moved and what was verified.
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorReport>,
     pub mode: Mode,
     pub direction: Direction,
     /// Payload bytes moved (both directions added for bidir).
@@ -116,6 +166,8 @@ impl FinalReport {
         };
         FinalReport {
             kind: "result",
+            ok: true,
+            error: None,
             mode: m.mode,
             direction: m.direction,
             bytes,
@@ -188,6 +240,13 @@ impl FinalReport {
             requested_seconds: None,
             mode_report,
         })
+    }
+
+    /// The same report for a run that then failed with `error`.
+    pub fn failed(mut self, error: &Error) -> FinalReport {
+        self.ok = false;
+        self.error = Some(ErrorReport::of(error));
+        self
     }
 
     /// Human summary, a few lines.

@@ -14,12 +14,12 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use longhaul_admission::{Arrival, Lobby, Protocol, Ticket};
+use longhaul_admission::{Arrival, AuthFailure, Lobby, Protocol, Refusal, Reporter, Slots, Ticket};
 use longhaul_units::{format_bps, format_bytes};
 
 use crate::attach::{AttachHeader, ATTACH_LEN, ATTACH_OK, ATTACH_REJECTED, SESSION_ID_LEN};
@@ -59,6 +59,9 @@ pub struct ServeOptions {
     pub allow_unauthenticated: bool,
     pub stats_listen: String,
     pub max_sessions: usize,
+    /// Sessions one source may run at once (`--max-sessions-per-source`);
+    /// None: all of `max_sessions` (every session holder proved the token).
+    pub max_sessions_per_source: Option<usize>,
 }
 
 impl Default for ServeOptions {
@@ -70,6 +73,7 @@ impl Default for ServeOptions {
             allow_unauthenticated: false,
             stats_listen: longhaul_stats_api::DEFAULT_STATS_LISTEN.into(),
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_sessions_per_source: None,
         }
     }
 }
@@ -88,7 +92,8 @@ struct AttachSlot {
 struct Context {
     opts: ServeOptions,
     registry: Arc<Registry>,
-    active: AtomicUsize,
+    /// The `--max-sessions` slots, shared out per source.
+    sessions: Arc<Slots>,
     slots: Mutex<HashMap<[u8; SESSION_ID_LEN], Arc<AttachSlot>>>,
     warned_buffers: AtomicBool,
     /// Destination paths live disk sessions are writing.
@@ -120,6 +125,13 @@ impl Server {
         if opts.max_sessions == 0 {
             return Err(Error::Usage("--max-sessions must be at least 1".into()));
         }
+        let per_source = opts.max_sessions_per_source.unwrap_or(opts.max_sessions);
+        if per_source == 0 || per_source > opts.max_sessions {
+            return Err(Error::Usage(format!(
+                "--max-sessions-per-source must be 1..{} (--max-sessions)",
+                opts.max_sessions
+            )));
+        }
         let root_lock = match &opts.root {
             Some(root) => Some(RootLock::take(root)?),
             None => None,
@@ -144,9 +156,9 @@ impl Server {
             listener,
             stats,
             ctx: Arc::new(Context {
+                sessions: Slots::new(opts.max_sessions, per_source),
                 opts,
                 registry,
-                active: AtomicUsize::new(0),
                 slots: Mutex::new(HashMap::new()),
                 warned_buffers: AtomicBool::new(false),
                 claims: Arc::new(Claims::default()),
@@ -203,6 +215,11 @@ impl Protocol for EngineProtocol {
     fn quick(&self, arrival: Arrival) {
         let reporter = arrival.reporter.clone();
         if let Err(e) = handle_attach(arrival, &self.ctx) {
+            // An attach header that is not one, or whose proof does not
+            // verify (unknown session, wrong key, a stream taken).
+            if matches!(e, Error::Auth(_) | Error::Protocol(_)) {
+                reporter.auth_failed(AuthFailure::BadProof);
+            }
             reporter.report(&format!("rejected data connection: {e}"));
         }
     }
@@ -287,30 +304,6 @@ fn handle_attach(arrival: Arrival, ctx: &Context) -> Result<()> {
         .map_err(|e| Error::io("acknowledging the attach", e))
 }
 
-/// One of the `--max-sessions` slots, given back when the session ends.
-struct SessionSlot<'a>(&'a AtomicUsize);
-
-impl<'a> SessionSlot<'a> {
-    fn take(active: &'a AtomicUsize, max: usize) -> Option<SessionSlot<'a>> {
-        let mut now = active.load(Ordering::SeqCst);
-        loop {
-            if now >= max {
-                return None;
-            }
-            match active.compare_exchange(now, now + 1, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => return Some(SessionSlot(active)),
-                Err(seen) => now = seen,
-            }
-        }
-    }
-}
-
-impl Drop for SessionSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// Removes a session's attach slot when it ends.
 struct SlotGuard<'a>(&'a Context, [u8; SESSION_ID_LEN]);
 
@@ -337,23 +330,42 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         token: ctx.opts.token.clone(),
         allow_unauthenticated: ctx.opts.allow_unauthenticated,
     };
-    let proven = match handshake::authenticate(&mut conn, &policy) {
+    let gate = || reporter.proof_turn();
+    let proven = match handshake::authenticate(&mut conn, &policy, &gate) {
         Ok(p) => p,
-        Err(e) => return reporter.report(&format!("handshake failed: {e}")),
+        Err(e) => {
+            if let Some(why) = handshake::auth_failure(&e) {
+                reporter.auth_failed(why);
+            }
+            return reporter.report(&format!("handshake failed: {e}"));
+        }
     };
     if let Err(e) = ticket.admit() {
         return reporter.report(&format!("handshake failed: {e}"));
     }
-    let Some(_slot) = SessionSlot::take(&ctx.active, ctx.opts.max_sessions) else {
-        let e = Error::Busy(format!(
-            "already running {} sessions (--max-sessions)",
-            ctx.opts.max_sessions
-        ));
-        conn.send_error(&e);
-        return log(format!("session from {peer}: refused: {e}"));
+    let _slot = match ctx.sessions.take(peer.ip()) {
+        Ok(slot) => slot,
+        Err(why) => {
+            reporter.refused(why);
+            let e = Error::Busy(match why {
+                Refusal::SourceBusy => format!(
+                    "{} already runs {} sessions (--max-sessions-per-source)",
+                    peer.ip(),
+                    ctx.sessions.per_source()
+                ),
+                _ => format!(
+                    "already running {} sessions (--max-sessions)",
+                    ctx.opts.max_sessions
+                ),
+            });
+            conn.send_error(&e);
+            // Through the port's rate limit: a client retrying in a loop
+            // must not fill the log.
+            return reporter.report(&format!("session refused: {e}"));
+        }
     };
     let mut entry: Option<Arc<SessionEntry>> = None;
-    let result = unless_it_panics(|| serve_session(&mut conn, ctx, &proven, &mut entry));
+    let result = unless_it_panics(|| serve_session(&mut conn, ctx, &proven, &reporter, &mut entry));
     // Wake the control reader thread, if any, and tell the client we are done.
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     if let Some(e) = &entry {
@@ -391,6 +403,7 @@ fn serve_session(
     conn: &mut Connection,
     ctx: &Arc<Context>,
     proven: &Proven,
+    reporter: &Reporter,
     entry_out: &mut Option<Arc<SessionEntry>>,
 ) -> Result<String> {
     let fail = |conn: &mut Connection, e: Error| -> Result<String> {
@@ -512,7 +525,12 @@ fn serve_session(
 
     let sockets = match wait_for_attach(&events, total) {
         Ok(s) => s,
-        Err(e) => return fail(writer, e),
+        Err(e) => {
+            if matches!(e, Error::Timeout(_)) {
+                reporter.refused(Refusal::AttachTimeout);
+            }
+            return fail(writer, e);
+        }
     };
     drop(slot_guard);
     let streams = session::stream_stats(&req, Side::Server, sockets);

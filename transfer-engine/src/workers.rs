@@ -642,7 +642,7 @@ mod tests {
                 let _ = self.done.take().unwrap().send(self.seen);
                 return Progress::Done;
             }
-            if self.seen % 2 == 0 {
+            if self.seen.is_multiple_of(2) {
                 Progress::Yield
             } else {
                 Progress::at(Instant::now() + Duration::from_millis(1))

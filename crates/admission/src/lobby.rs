@@ -33,7 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::budget::{ProofBudget, ProofLimits, ProofTurn};
 use crate::pending::{EntryId, Limits, PendingSet};
+use crate::slots::Refusal;
 
 /// What a protocol makes of the bytes a connection sent so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +62,13 @@ pub struct Arrival {
     pub reporter: Reporter,
 }
 
-/// Logs lines about one connection through its port's rate limit.
+/// Logs lines about one connection through its port's rate limit, and
+/// counts what became of it.
 #[derive(Clone)]
 pub struct Reporter {
     peer: SocketAddr,
+    /// The connection's admission deadline.
+    deadline: Instant,
     shared: Arc<dyn TicketPool>,
 }
 
@@ -73,6 +78,39 @@ impl Reporter {
         self.shared
             .note(&format!("dropped connection from {}: {why}", self.peer));
     }
+
+    /// Counts a refusal of the port's (its slots, an attach too late).
+    pub fn refused(&self, why: Refusal) {
+        self.shared.counters().refused(why);
+    }
+
+    /// Counts a failed authentication.
+    pub fn auth_failed(&self, why: AuthFailure) {
+        self.shared.counters().auth_failed(why);
+    }
+
+    /// Waits for the source's turn to have a proof checked (its failed
+    /// proofs budget, [`crate::budget`]); None when the admission deadline
+    /// passed meanwhile. Call [`ProofTurn::passed`] when the proof holds.
+    pub fn proof_turn(&self) -> Option<ProofTurn> {
+        self.shared.budget().turn(self.peer.ip(), self.deadline)
+    }
+}
+
+/// Why a peer failed to prove who it is, counted per port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// A proof of the wrong secret: a wrong token, wrong credentials, or
+    /// none where one is required.
+    BadToken,
+    /// A handshake of another protocol version.
+    BadVersion,
+    /// A proof that is no proof: malformed, or a data connection's attach
+    /// proof that does not verify.
+    BadProof,
+    /// Began the handshake and did not finish it within the admission
+    /// deadline.
+    Timeout,
 }
 
 /// One protocol on one port.
@@ -102,6 +140,8 @@ pub struct Settings {
     pub handshaking: Limits,
     /// From accept to [`Ticket::admit`], in total.
     pub deadline: Duration,
+    /// Failed proofs a source may have ([`crate::budget`]).
+    pub proofs: ProofLimits,
 }
 
 /// Counters of one port's admission, for logs, tests and the engine's stats API.
@@ -115,6 +155,37 @@ pub struct Counters {
     pub expired: AtomicU64,
     /// Not the protocol.
     pub garbage: AtomicU64,
+    /// Refused after the first message: every slot taken, the source's
+    /// share taken, data connections that did not attach in time.
+    pub refused_busy: AtomicU64,
+    pub refused_source_busy: AtomicU64,
+    pub refused_attach_timeout: AtomicU64,
+    /// Failed authentications, by [`AuthFailure`].
+    pub auth_bad_token: AtomicU64,
+    pub auth_bad_version: AtomicU64,
+    pub auth_bad_proof: AtomicU64,
+    pub auth_timeout: AtomicU64,
+}
+
+impl Counters {
+    pub fn refused(&self, why: Refusal) {
+        match why {
+            Refusal::Busy => &self.refused_busy,
+            Refusal::SourceBusy => &self.refused_source_busy,
+            Refusal::AttachTimeout => &self.refused_attach_timeout,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn auth_failed(&self, why: AuthFailure) {
+        match why {
+            AuthFailure::BadToken => &self.auth_bad_token,
+            AuthFailure::BadVersion => &self.auth_bad_version,
+            AuthFailure::BadProof => &self.auth_bad_proof,
+            AuthFailure::Timeout => &self.auth_timeout,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// How often the epoll thread looks for connections past their deadline.
@@ -143,6 +214,7 @@ struct Shared<P> {
     handshaking: Mutex<PendingSet<TcpStream>>,
     log: Mutex<RateLimitedLog>,
     counters: Arc<Counters>,
+    budget: Arc<ProofBudget>,
 }
 
 impl<P: Protocol> Shared<P> {
@@ -183,6 +255,8 @@ trait TicketPool: Send + Sync {
     fn leave(&self, id: EntryId) -> bool;
     fn admitted(&self);
     fn note(&self, line: &str);
+    fn counters(&self) -> &Counters;
+    fn budget(&self) -> &Arc<ProofBudget>;
 }
 
 impl<P: Protocol> TicketPool for Shared<P> {
@@ -200,6 +274,14 @@ impl<P: Protocol> TicketPool for Shared<P> {
 
     fn note(&self, line: &str) {
         Shared::note(self, line)
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn budget(&self) -> &Arc<ProofBudget> {
+        &self.budget
     }
 }
 
@@ -315,6 +397,7 @@ impl<P: Protocol> Lobby<P> {
                     suppressed: 0,
                 }),
                 counters: Arc::new(Counters::default()),
+                budget: ProofBudget::new(settings.proofs),
             }),
             settings,
         }
@@ -355,9 +438,10 @@ impl<P: Protocol> Lobby<P> {
         }
     }
 
-    fn reporter(&self, peer: SocketAddr) -> Reporter {
+    fn reporter(&self, peer: SocketAddr, accepted: Instant) -> Reporter {
         Reporter {
             peer,
+            deadline: accepted + self.settings.deadline,
             shared: self.shared.clone(),
         }
     }
@@ -475,7 +559,7 @@ impl<P: Protocol> Lobby<P> {
             }
             FirstMessage::Quick => {
                 if w.stream.set_nonblocking(false).is_ok() {
-                    let reporter = self.reporter(w.peer);
+                    let reporter = self.reporter(w.peer, w.accepted);
                     self.shared.protocol.quick(Arrival {
                         stream: w.stream,
                         received: w.received,
@@ -512,7 +596,7 @@ impl<P: Protocol> Lobby<P> {
             shared: self.shared.clone(),
         };
         let arrival = Arrival {
-            reporter: self.reporter(w.peer),
+            reporter: self.reporter(w.peer, w.accepted),
             stream: w.stream,
             received: w.received,
             peer: w.peer,
@@ -546,6 +630,8 @@ impl<P: Protocol> Lobby<P> {
             .expired(now);
         for s in late {
             self.shared.counters.expired.fetch_add(1, Ordering::Relaxed);
+            // It began its handshake and did not prove itself in time.
+            self.shared.counters.auth_failed(AuthFailure::Timeout);
             // The handshake thread sees its socket fail and reports it.
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -623,6 +709,10 @@ mod tests {
                 per_source: 8,
             },
             deadline: Duration::from_secs(1),
+            proofs: ProofLimits {
+                burst: 10,
+                per_second: 10.0,
+            },
         };
         let lobby = Lobby::new(listener, Arc::new(Toy), settings);
         let counters = lobby.counters();
@@ -646,6 +736,9 @@ mod tests {
         // A handshake that never proves itself is cut by the same deadline.
         let _stalled = connect(b"N");
         wait_for(&counters, [7, 1, 1, 3, 1]);
+        // Of the expired, only the one that began its handshake failed to
+        // authenticate; the silent ones never tried.
+        assert_eq!(count(&counters.auth_timeout), 1);
         drop(silent);
     }
 }

@@ -109,10 +109,10 @@ pub struct EngineInfo {
 /// One listening port's admission counters, cumulative since the engine
 /// started. Every connection is accepted; a control connection that proves
 /// itself (a session, an iperf3 test, `longhaul advise`) is admitted; the
-/// three kinds of drop are counted here. The rest are data connections,
-/// connections still pending, connections closed before their first
-/// message, and those the protocol refused after it (a wrong token or
-/// attach proof: the server's log names each).
+/// three kinds of drop are counted here, and so are the refusals after the
+/// first message ([`Refused`]) and the failed logins ([`AuthFailed`]).
+/// The rest are data connections, connections still pending, and
+/// connections closed before their first message.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admission {
     /// "longhaul" (the control and data port) or "iperf3".
@@ -130,6 +130,43 @@ pub struct Admission {
     pub expired: u64,
     /// Not the protocol (or too long a first message).
     pub garbage: u64,
+    /// Connections the port refused after their first message, by reason
+    /// (added in v1; absent from older engines).
+    #[serde(default)]
+    pub refused: Refused,
+    /// Peers that failed to prove who they are, by reason (added in v1;
+    /// absent from older engines).
+    #[serde(default)]
+    pub auth_failed: AuthFailed,
+}
+
+/// Why a listening port refused connections after their first message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    /// Every session or test slot was taken (`--max-sessions`,
+    /// `--iperf3-max-tests`).
+    pub busy: u64,
+    /// The connection's source held its whole share of the slots
+    /// (`--max-sessions-per-source`, `--iperf3-max-tests-per-source`).
+    pub source_busy: u64,
+    /// A session's or test's data connections did not all attach in time.
+    pub attach_timeout: u64,
+}
+
+/// Why peers failed to authenticate at a listening port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthFailed {
+    /// A proof of the wrong secret: a wrong token (or none where one is
+    /// required), iperf3 credentials of no authorized user.
+    pub bad_token: u64,
+    /// A handshake of another protocol version.
+    pub bad_version: u64,
+    /// A proof that is no proof: a malformed handshake or iperf3 token, a
+    /// data connection whose attach proof does not verify.
+    pub bad_proof: u64,
+    /// Began the handshake and did not finish it within the admission
+    /// deadline.
+    pub timeout: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,6 +330,15 @@ mod tests {
         assert!(
             snap.engine.admission.is_empty(),
             "an older engine lists no admission counters"
+        );
+        let older: Admission = serde_json::from_str(
+            r#"{"listener":"iperf3","accepted":3,"admitted":1,"evicted":0,"expired":2,"garbage":0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (older.refused, older.auth_failed),
+            (Refused::default(), AuthFailed::default()),
+            "an older engine counts no refusals or failed logins"
         );
         assert_eq!(snap.sessions[0].streams[0].tcp.unwrap().cwnd_bytes, 14480);
         assert!(snap.sessions[0].devices.is_empty());

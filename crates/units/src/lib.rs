@@ -203,9 +203,9 @@ pub fn format_bytes(bytes: u64) -> String {
 /// A size as a command line takes it, exact: `2M` when it divides, else
 /// `64K`, else plain bytes. [`parse_size`] reads it back to the same value.
 pub fn size_arg(bytes: u64) -> String {
-    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
         format!("{}M", bytes >> 20)
-    } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
+    } else if bytes >= 1 << 10 && bytes.is_multiple_of(1 << 10) {
         format!("{}K", bytes >> 10)
     } else {
         bytes.to_string()

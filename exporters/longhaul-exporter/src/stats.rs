@@ -488,6 +488,29 @@ fn admission<R: Read>(r: &mut Reader<R>) -> json::Result<Admission> {
             "evicted" => a.evicted = r.u64()?,
             "expired" => a.expired = r.u64()?,
             "garbage" => a.garbage = r.u64()?,
+            "refused" => {
+                let mut o = r.begin_object()?;
+                while let Some(k) = o.key(r)? {
+                    match k.as_str() {
+                        "busy" => a.refused.busy = r.u64()?,
+                        "source_busy" => a.refused.source_busy = r.u64()?,
+                        "attach_timeout" => a.refused.attach_timeout = r.u64()?,
+                        _ => r.skip()?,
+                    }
+                }
+            }
+            "auth_failed" => {
+                let mut o = r.begin_object()?;
+                while let Some(k) = o.key(r)? {
+                    match k.as_str() {
+                        "bad_token" => a.auth_failed.bad_token = r.u64()?,
+                        "bad_version" => a.auth_failed.bad_version = r.u64()?,
+                        "bad_proof" => a.auth_failed.bad_proof = r.u64()?,
+                        "timeout" => a.auth_failed.timeout = r.u64()?,
+                        _ => r.skip()?,
+                    }
+                }
+            }
             _ => r.skip()?,
         }
     }
@@ -644,6 +667,17 @@ mod tests {
                     evicted: 3,
                     expired: 2,
                     garbage: 1,
+                    refused: longhaul_stats_api::Refused {
+                        busy: 6,
+                        source_busy: 5,
+                        attach_timeout: 4,
+                    },
+                    auth_failed: longhaul_stats_api::AuthFailed {
+                        bad_token: 3,
+                        bad_version: 2,
+                        bad_proof: 1,
+                        timeout: 7,
+                    },
                 }],
             },
             sessions: vec![Session {
@@ -775,6 +809,15 @@ mod tests {
             "engine.admission[].evicted",
             "engine.admission[].expired",
             "engine.admission[].garbage",
+            "engine.admission[].refused",
+            "engine.admission[].refused.busy",
+            "engine.admission[].refused.source_busy",
+            "engine.admission[].refused.attach_timeout",
+            "engine.admission[].auth_failed",
+            "engine.admission[].auth_failed.bad_token",
+            "engine.admission[].auth_failed.bad_version",
+            "engine.admission[].auth_failed.bad_proof",
+            "engine.admission[].auth_failed.timeout",
             "sessions",
             "sessions[].id",
             "sessions[].peer",

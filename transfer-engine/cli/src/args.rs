@@ -129,6 +129,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SESSIONS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_SESSIONS as u64))]
     pub max_sessions: usize,
+    /// Sessions one client address (an IPv6 /64) may run at once; more are
+    /// refused as busy (default: all of --max-sessions)
+    #[arg(long, value_name = "N",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_SESSIONS as u64))]
+    pub max_sessions_per_source: Option<usize>,
     /// Also speak iperf3's protocol on this address (TCP and UDP; iperf3's
     /// port is 5201): iperf3 clients run tests here, many at once
     #[arg(long, value_name = "ADDR:PORT")]
@@ -137,6 +142,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_TESTS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub iperf3_max_tests: usize,
+    /// iperf3 tests one client address (an IPv6 /64) may hold at once,
+    /// starting or running; more are refused as busy, so one source cannot
+    /// take every slot (default: a quarter of --iperf3-max-tests)
+    #[arg(long, value_name = "N",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub iperf3_max_tests_per_source: Option<usize>,
+    /// iperf3 connections of one client address still exchanging their
+    /// parameters; a newer one pushes out the oldest
+    #[arg(long, value_name = "N",
+          default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_PENDING_PER_SOURCE,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=longhaul_engine::limits::HANDSHAKING_CAPACITY as u64))]
+    pub iperf3_max_pending_per_source: usize,
     /// Longest iperf3 test, its omitted seconds (-O) included, as iperf3's
     /// max duration: longer tests are refused, and a test still running
     /// then is stopped (default 3600 s)
@@ -478,6 +495,11 @@ impl ServeArgs {
         };
         let mut opts = Iperf3Options::new(listen.clone());
         opts.max_tests = self.iperf3_max_tests;
+        opts.max_tests_per_source = self.iperf3_max_tests_per_source.unwrap_or(
+            longhaul_engine::iperf3::server::default_tests_per_source(self.iperf3_max_tests),
+        );
+        opts.max_pending_per_source = self.iperf3_max_pending_per_source;
+        opts.check()?;
         if let Some(max) = self.iperf3_max_duration {
             opts.limits.max_duration = max;
         }
@@ -499,6 +521,7 @@ impl ServeArgs {
             allow_unauthenticated: self.allow_unauthenticated,
             stats_listen: self.stats_listen,
             max_sessions: self.max_sessions,
+            max_sessions_per_source: self.max_sessions_per_source,
         }
     }
 }

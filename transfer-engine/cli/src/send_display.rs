@@ -9,15 +9,17 @@
 //!   the bytes moved, the rate, the time left and, in disk mode, the files
 //!   sent; cleared when the run ends.
 //!
-//! Then the final report: the human summary, or the JSON object.
+//! Then the final report: the human summary, or the JSON object; a run
+//! that fails prints one too (`"ok": false` and the error, with what moved
+//! and was verified when the data phase ended), and its error on stderr.
 
 use std::io::Write;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use longhaul_engine::client::{self, Live, SendOptions, Watch};
+use longhaul_engine::client::{self, Failure, Live, SendOptions, Watch};
 use longhaul_engine::planes::Amount;
-use longhaul_engine::send_report::{FinalReport, IntervalTracker};
+use longhaul_engine::send_report::{FailedRun, FinalReport, IntervalTracker};
 use longhaul_units::{format_bps, format_bytes};
 
 use crate::args::{GetArgs, RunArgs, SendArgs, WireProtocol};
@@ -150,20 +152,48 @@ fn run(
         tick: &mut tick,
     });
     let report = match protocol {
-        WireProtocol::Longhaul => client::run(opts, watch),
+        WireProtocol::Longhaul => client::run_reporting(opts, watch),
         WireProtocol::Iperf3 => {
             let transport = if udp {
                 longhaul_engine::iperf3::params::Transport::Udp
             } else {
                 longhaul_engine::iperf3::params::Transport::Tcp
             };
-            longhaul_engine::iperf3::client::run(opts, transport, watch)
+            longhaul_engine::iperf3::client::run(opts, transport, watch).map_err(Failure::from)
         }
     };
     if let Display::Bar { bar, .. } = &display {
         bar.finish_and_clear();
     }
-    print_report(&report?, args.json, out)
+    match report {
+        Ok(report) => print_report(&report, args.json, out),
+        Err(Failure { error, report }) => {
+            print_failure(opts, &error, report.as_deref(), args.json, out)?;
+            Err(error.into())
+        }
+    }
+}
+
+/// What a failed run prints on stdout before its error goes to stderr:
+/// with `--json` always a final object (`"ok": false`, the error, and all
+/// the report holds when the data phase ran to its end), for people the
+/// summary of what moved and was verified, if there is one.
+fn print_failure(
+    opts: &SendOptions,
+    error: &longhaul_engine::Error,
+    report: Option<&FinalReport>,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match (report, json) {
+        (Some(report), json) => print_report(report, json, out),
+        (None, true) => {
+            let failed = FailedRun::new(opts.payload.mode(), opts.direction, error);
+            writeln!(out, "{}", serde_json::to_string(&failed)?)?;
+            Ok(())
+        }
+        (None, false) => Ok(()),
+    }
 }
 
 fn show(

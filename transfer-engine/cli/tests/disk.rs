@@ -6,6 +6,7 @@
 mod support;
 
 use std::fs::{self, File, FileTimes};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -477,6 +478,7 @@ fn full_filesystem_names_the_file_and_server_survives() {
         &server.addr(),
         "--streams",
         "2",
+        "--json",
         src.to_str().unwrap(),
         "--dest",
         "small",
@@ -488,6 +490,29 @@ fn full_filesystem_names_the_file_and_server_survives() {
         out.stdout,
         out.stderr
     );
+    // The final object says why and what landed: every file not named
+    // among the failures arrived verified.
+    let j = out.json();
+    assert_eq!(j["ok"], false, "{j}");
+    assert_eq!(j["error"]["kind"], "disk_full", "{j}");
+    let failed = failed_paths(&j);
+    assert!(
+        failed.iter().any(|f| f.ends_with("part-b.bin")),
+        "{failed:?}: {j}"
+    );
+    assert_eq!(
+        j["files"]["count"].as_u64().unwrap() + failed.len() as u64,
+        2,
+        "{j}"
+    );
+    for name in ["part-a.bin", "part-b.bin"] {
+        if !failed.iter().any(|f| f.ends_with(name)) {
+            assert!(same_contents(
+                &src.join(name),
+                &small.join("big").join(name)
+            ));
+        }
+    }
     let err = out.stderr.to_lowercase();
     assert!(
         err.contains("disk full") && err.contains("no space"),
@@ -513,6 +538,126 @@ fn full_filesystem_names_the_file_and_server_survives() {
         &src.join("part-a.bin"),
         &root.join("elsewhere/part-a.bin")
     ));
+}
+
+/// The paths of the failed files a final object lists.
+fn failed_paths(j: &serde_json::Value) -> Vec<String> {
+    j["files"]["failures"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| f["path"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One file of a tree grows while it is being read (as a log being
+/// written): that file fails, named on stderr and in the final object,
+/// and the other seven land verified, as rsync goes on past a file that
+/// vanished. Before, the `Fail` frame's message counted as stream bytes
+/// on the sender only, and the whole tree failed on a byte count.
+#[test]
+fn a_file_that_grows_while_it_is_sent_fails_alone_and_is_named() {
+    let t = Scratch::new("grows");
+    let top = t.0.join("src/tree");
+    fs::create_dir_all(&top).unwrap();
+    // f3 is larger than what the sender reads ahead (its buffer pool), so
+    // it is still being read when it grows.
+    for i in 0..8u64 {
+        let len = if i == 3 { 48 * MIB } else { MIB + i };
+        let name = top.join(format!("f{i}"));
+        fs::write(name, pattern(len as usize, 60 + i as u32)).unwrap();
+    }
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let server = Server::with_root(&root);
+    let run = spawn_send(&[
+        "--to",
+        &server.addr(),
+        "--streams",
+        "2",
+        "--rate",
+        "150M",
+        "--json",
+        top.to_str().unwrap(),
+    ]);
+    // f3 is on its way once its temporary file is on the receiver.
+    let part = root.join("tree/.f3.longhaul-part");
+    let end = Instant::now() + Duration::from_secs(20);
+    while !part.exists() {
+        assert!(Instant::now() < end, "f3 never started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let grown = fs::OpenOptions::new()
+        .append(true)
+        .open(top.join("f3"))
+        .unwrap();
+    (&grown).write_all(b"one more line\n").unwrap();
+    drop(grown);
+    let out = run.wait(RUN_TIMEOUT);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("tree/f3") && out.stderr.contains("source changed"),
+        "stderr must name the file: {}",
+        out.stderr
+    );
+    let j = out.json();
+    assert_eq!(j["ok"], false, "{j}");
+    assert_eq!(j["error"]["kind"], "incomplete", "{j}");
+    assert!(
+        j["error"]["message"].as_str().unwrap().contains("tree/f3"),
+        "{j}"
+    );
+    assert_eq!(failed_paths(&j), ["tree/f3"], "{j}");
+    assert_eq!(j["files"]["failures"][0]["code"], "source_changed", "{j}");
+    assert_eq!(j["files"]["count"], 7, "{j}");
+    for i in (0..8).filter(|&i| i != 3) {
+        let name = format!("f{i}");
+        assert!(
+            same_contents(&top.join(&name), &root.join("tree").join(&name)),
+            "{name}"
+        );
+    }
+    assert!(!root.join("tree/f3").exists());
+}
+
+/// `sent_bytes` counts what this run sent: a 256 MiB file resumed after
+/// the receiver was killed reports only the rest (it reported the whole
+/// file), while `verified_bytes` still covers all of it.
+#[test]
+fn a_resumed_file_reports_only_the_bytes_this_run_sent() {
+    let t = Scratch::new("resumed-bytes");
+    let top = t.0.join("src/big");
+    fs::create_dir_all(&top).unwrap();
+    let size = 256 * MIB;
+    fs::write(top.join("f.bin"), pattern(size as usize, 77)).unwrap();
+    let root = t.0.join("root");
+    fs::create_dir_all(&root).unwrap();
+    let mut server = Server::with_root(&root);
+    let args = |addr: &str| -> Vec<String> {
+        ["--to", addr, "--json", top.to_str().unwrap()]
+            .map(str::to_string)
+            .to_vec()
+    };
+    let mut first = args(&server.addr());
+    first.extend(["--rate".to_string(), "800M".to_string()]);
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    kill_once_progress_is_saved(&mut server, spawn_send(&first), &root);
+    let server = Server::with_root(&root);
+    let second = args(&server.addr());
+    let second: Vec<&str> = second.iter().map(String::as_str).collect();
+    let out = send(&second);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let j = out.json();
+    assert_eq!(j["ok"], true, "{j}");
+    assert_eq!(j["files"]["resumed"], 1, "{j}");
+    assert_eq!(j["files"]["verified"], true, "{j}");
+    assert_eq!(j["files"]["verified_bytes"], size, "{j}");
+    let sent = j["files"]["sent_bytes"].as_u64().unwrap();
+    assert_eq!(sent, j["bytes"].as_u64().unwrap(), "{j}");
+    assert!(sent < size && sent > 0, "{j}");
+    assert!(same_contents(&top.join("f.bin"), &root.join("big/f.bin")));
 }
 
 /// Speaks the control protocol by hand to send manifests the real client
@@ -764,6 +909,7 @@ fn racing_sessions_never_both_claim_one_file() {
                     "--rate",
                     "200M",
                     "--no-resume",
+                    "--json",
                     src.to_str().unwrap(),
                 ])
             })
@@ -781,6 +927,7 @@ fn racing_sessions_never_both_claim_one_file() {
                 same_contents(&sources[w].join("f.bin"), &dest),
                 "round {round}: session {w} exited 0 but the file holds other bytes"
             );
+            assert_eq!(outs[w].json()["ok"], true, "round {round}");
         }
         for (i, o) in outs.iter().enumerate() {
             if o.code != Some(0) {
@@ -790,6 +937,16 @@ fn racing_sessions_never_both_claim_one_file() {
                     "round {round} session {i}: {}",
                     o.stderr
                 );
+                // The loser's final object says so too, naming the file.
+                let j = o.json();
+                assert_eq!(j["ok"], false, "round {round}: {j}");
+                assert_eq!(j["error"]["kind"], "busy", "round {round}: {j}");
+                assert_eq!(j["files"]["count"], 0, "round {round}: {j}");
+                assert_eq!(
+                    j["files"]["failures"][0]["code"], "in_use",
+                    "round {round}: {j}"
+                );
+                assert!(failed_paths(&j)[0].ends_with("f.bin"), "round {round}: {j}");
             }
         }
     }
@@ -1178,7 +1335,6 @@ fn file_lists_name_what_to_move() {
         .spawn()
         .unwrap();
     {
-        use std::io::Write;
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(b"in/tree/sub\nin/loose.txt\n").unwrap();
     }

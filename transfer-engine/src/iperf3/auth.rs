@@ -4,8 +4,21 @@
 //! A client started with `--username` puts an `authtoken` in its parameter
 //! block: the text `user: NAME\npwd:  PASSWORD\nts:   UNIXTIME`, encrypted
 //! with the server's RSA public key and base64-encoded. iperf3 up to 3.16
-//! pads with PKCS #1 v1.5, 3.17 and later with OAEP (SHA-1) unless told
-//! `--use-pkcs1-padding`; we accept both. The server decrypts it with its
+//! pads with PKCS #1 v1.5, 3.17 and later with OAEP (OpenSSL's default:
+//! SHA-1, MGF1 with SHA-1, no label) unless told `--use-pkcs1-padding`; we
+//! accept both.
+//!
+//! Decryption leaks nothing through its timing (the Marvin attack,
+//! RUSTSEC-2023-0071, on the `rsa` crate before 0.10): the private-key
+//! operation is constant-time big-number arithmetic (crypto-bigint) with
+//! base, exponent and modulus blinding, and every token is decrypted the
+//! same way whatever its bytes: first as OAEP, whose check is constant-time
+//! and tells only OAEP-valid from not (no use to an attacker: a forged
+//! ciphertext is OAEP-valid with negligible chance), then as PKCS #1 v1.5
+//! with implicit rejection: bad padding yields a deterministic random-looking
+//! message derived from the key and the ciphertext, never an error, so
+//! valid and invalid v1.5 padding take the same path to the same answer
+//! ("test authorization failed"). The server decrypts it with its
 //! private key, refuses a timestamp more than the skew threshold (10 s by
 //! default) away from its clock, and looks the user up in the authorized
 //! users file: lines `NAME,SHA256HEX` where the hash is of `{NAME}PASSWORD`
@@ -19,8 +32,10 @@ use std::time::Duration;
 use base64::Engine;
 use rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey};
 use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
-use rsa::{Oaep, Pkcs1v15Encrypt, RsaPrivateKey, RsaPublicKey};
+use rsa::{PrivateKey, PublicKey};
 use sha2::{Digest, Sha256};
+
+use longhaul_admission::AuthFailure;
 
 use crate::error::{Error, Result};
 
@@ -48,10 +63,10 @@ fn read_pem(path: &Path, what: &str) -> Result<String> {
 
 /// Loads an RSA private key from PEM (PKCS #8 `PRIVATE KEY` or PKCS #1
 /// `RSA PRIVATE KEY`, unencrypted), as `openssl genrsa` writes them.
-pub fn load_private_key(path: &Path) -> Result<RsaPrivateKey> {
+pub fn load_private_key(path: &Path) -> Result<PrivateKey> {
     let pem = read_pem(path, "RSA private key")?;
-    RsaPrivateKey::from_pkcs8_pem(&pem)
-        .or_else(|_| RsaPrivateKey::from_pkcs1_pem(&pem))
+    PrivateKey::from_pkcs8_pem(&pem)
+        .or_else(|_| PrivateKey::from_pkcs1_pem(&pem))
         .map_err(|e| {
             Error::Usage(format!(
                 "{} is not an unencrypted RSA private key in PEM (PKCS #8 or PKCS #1): {e}",
@@ -61,10 +76,10 @@ pub fn load_private_key(path: &Path) -> Result<RsaPrivateKey> {
 }
 
 /// Loads an RSA public key from PEM (`PUBLIC KEY` or `RSA PUBLIC KEY`).
-pub fn load_public_key(path: &Path) -> Result<RsaPublicKey> {
+pub fn load_public_key(path: &Path) -> Result<PublicKey> {
     let pem = read_pem(path, "RSA public key")?;
-    RsaPublicKey::from_public_key_pem(&pem)
-        .or_else(|_| RsaPublicKey::from_pkcs1_pem(&pem))
+    PublicKey::from_public_key_pem(&pem)
+        .or_else(|_| PublicKey::from_pkcs1_pem(&pem))
         .map_err(|e| {
             Error::Usage(format!(
                 "{} is not an RSA public key in PEM: {e}",
@@ -86,6 +101,15 @@ fn listed(text: &str, user: &str, hash: &str) -> bool {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| l.split_once(','))
         .any(|(u, h)| u == user && h.split(',').next() == Some(hash))
+}
+
+/// Why a token proves nothing: the counters' kind (wrong or missing
+/// credentials are a bad token; a token that is no proof, undecryptable or
+/// out of time, a bad proof) and the log's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub kind: AuthFailure,
+    pub why: String,
 }
 
 /// Credentials from a decrypted token.
@@ -122,12 +146,11 @@ fn parse_token_text(text: &str) -> Option<Credentials> {
 }
 
 /// Encrypts credentials into a token for `key`, as an iperf3 client does.
-pub fn encode_token(c: &Credentials, key: &RsaPublicKey, padding: Padding) -> Result<String> {
-    let mut rng = rsa::rand_core::OsRng;
+pub fn encode_token(c: &Credentials, key: &PublicKey, padding: Padding) -> Result<String> {
     let text = token_text(c);
     let sealed = match padding {
-        Padding::Pkcs1v15 => key.encrypt(&mut rng, Pkcs1v15Encrypt, text.as_bytes()),
-        Padding::OaepSha1 => key.encrypt(&mut rng, Oaep::new::<sha1::Sha1>(), text.as_bytes()),
+        Padding::Pkcs1v15 => key.pkcs1v15_encrypt(text.as_bytes()),
+        Padding::OaepSha1 => key.oaep_encrypt::<sha1::Sha1>(text.as_bytes()),
     }
     .map_err(|e| Error::Usage(format!("cannot encrypt the iperf3 credentials: {e}")))?;
     Ok(base64::engine::general_purpose::STANDARD.encode(sealed))
@@ -145,7 +168,7 @@ fn now_unix() -> i64 {
 /// clock skew.
 #[derive(Clone)]
 pub struct ServerAuth {
-    key: RsaPrivateKey,
+    key: PrivateKey,
     users: PathBuf,
     skew: Duration,
 }
@@ -171,46 +194,60 @@ impl ServerAuth {
         })
     }
 
-    /// The user a token proves, or why it proves nothing (for the log).
-    pub fn check(&self, token: Option<&str>) -> std::result::Result<String, String> {
+    /// The user a token proves, or what kind of failure it is and why it
+    /// proves nothing (for the counters and the log).
+    pub fn check(&self, token: Option<&str>) -> std::result::Result<String, Denied> {
         self.check_at(token, now_unix())
+            .map_err(|(kind, why)| Denied { kind, why })
     }
 
-    fn check_at(&self, token: Option<&str>, now: i64) -> std::result::Result<String, String> {
-        let token = token
-            .ok_or("no credentials (the client needs --username and --rsa-public-key-path)")?;
+    fn check_at(
+        &self,
+        token: Option<&str>,
+        now: i64,
+    ) -> std::result::Result<String, (AuthFailure, String)> {
+        let bad = |why: String| (AuthFailure::BadProof, why);
+        let token = token.ok_or_else(|| {
+            (
+                AuthFailure::BadToken,
+                "no credentials (the client needs --username and --rsa-public-key-path)"
+                    .to_string(),
+            )
+        })?;
         if token.len() > MAX_TOKEN_LEN {
-            return Err(format!("a {}-byte token", token.len()));
+            return Err(bad(format!("a {}-byte token", token.len())));
         }
         let sealed = base64::engine::general_purpose::STANDARD
             .decode(token.trim())
-            .map_err(|e| format!("the token is not base64: {e}"))?;
-        let mut rng = rsa::rand_core::OsRng;
+            .map_err(|e| bad(format!("the token is not base64: {e}")))?;
+        // OAEP, else PKCS #1 v1.5 with implicit rejection (see the module
+        // documentation): an error here is a token of the wrong size for
+        // our key, nothing about its padding.
         let plain = self
             .key
-            .decrypt_blinded(&mut rng, Pkcs1v15Encrypt, &sealed)
-            .or_else(|_| {
-                self.key
-                    .decrypt_blinded(&mut rng, Oaep::new::<sha1::Sha1>(), &sealed)
-            })
-            .map_err(|_| "the token does not decrypt with our private key".to_string())?;
+            .oaep_decrypt::<sha1::Sha1>(&sealed)
+            .or_else(|_| self.key.pkcs1v15_decrypt(&sealed))
+            .map_err(|_| bad("the token does not decrypt with our private key".to_string()))?;
         let text = String::from_utf8_lossy(&plain);
-        let c = parse_token_text(&text).ok_or("the decrypted token is not user/pwd/ts")?;
+        let c = parse_token_text(&text)
+            .ok_or_else(|| bad("the decrypted token is not user/pwd/ts".to_string()))?;
         let skew = (now - c.timestamp).unsigned_abs();
         if skew > self.skew.as_secs() {
-            return Err(format!(
+            return Err(bad(format!(
                 "user {}: the token's time is {skew} s off ours (at most {} s allowed)",
                 c.user,
                 self.skew.as_secs()
-            ));
+            )));
         }
-        let users = read_users(&self.users)?;
+        // The users file is ours: a failure to read it is no fault of the
+        // client's, but the test is refused all the same.
+        let users = read_users(&self.users).map_err(bad)?;
         if listed(&users, &c.user, &password_hash(&c.user, &c.password)) {
             Ok(c.user)
         } else {
-            Err(format!(
-                "user {}: unknown, or the password does not match",
-                c.user
+            Err((
+                AuthFailure::BadToken,
+                format!("user {}: unknown, or the password does not match", c.user),
             ))
         }
     }
@@ -234,15 +271,38 @@ fn read_users(path: &Path) -> std::result::Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rsa::pkcs8::{EncodePrivateKey, LineEnding};
 
-    fn server(dir: &Path, key: &RsaPrivateKey) -> ServerAuth {
+    /// Test keys (1024 bits: the smallest the crate takes, the fastest to
+    /// use), made with `openssl genrsa 1024`.
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIICdwIBADANBgkqhkiG9w0BAQEFAASCAmEwggJdAgEAAoGBALpbuxUeha/Fw/ox\nQPGGIfEjnlB4FTyibjxe/6XPREj+dfONMjfBuE8ju/RetWGdxjw6zh+Ll4FhWzpu\n7PKNuhalpde9YKppnJAFGJZFajBUN/XWdMElNEN7JrShGGSpMVsVvQfYANUpID/M\nxzC8m3v8YhW9a2rfku7fpMAwKVhDAgMBAAECgYBMb1NMVjh+356B/7GjXmCNhw5n\n8tjDBdww5sX0PA7F4Zh/TGpMdCgkTYPJtw6t+whTq8rfJWH+ru+8B8MnuPmZnOcC\no/B8nw5F3Q3VHclCx8wvd1umRk/hCDLaPrzsk290mUi7xrxHyHh+orkHaEiiohlt\nmbwy3c1dW1sIiAb4AQJBAOakQ8Kt6Cx4nB+Tk2Wwlwy+tu4BF3r6uaPXuPZYPyjv\nmsJE2UL7WboWI6KssEFz1eH2wOcZIENxj+kiMF2Ej/cCQQDO2QyPi3BqJDXsCWjb\nx07BPGBl6Gi7YpyByStY2o2S4pbLkjDfdX8LrzkpkslOgcEf8Ubwvg6hARy/HaYK\nkn8VAkB+P/ifflaS0UqUtlF+3pUwcszrp0lVFh28I/+pSVD5dX7/THSpB7Fr/WZw\nS5sHmQLA+DNLzSMuB+HAuehDqKatAkEAsaWNeRa7dB0nRlGKgf65b5IIBF3G3PBD\nE+AO31/MaRM7iRhD6xaBByr0//R1+XvMvj88uvOvoq1O4AB5oujQRQJBALR8GXqd\n9LIHTlnygHQgOpiPSHftHhuRgB/JHMd6ScBxLg2Sg+aDOHxuW4bcKFbk2l51EAGM\nYP1YUIL81TJalOw=\n-----END PRIVATE KEY-----";
+    const OTHER_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIICeQIBADANBgkqhkiG9w0BAQEFAASCAmMwggJfAgEAAoGBAKDFfK6/8i2QBXDz\nu0YvNOdI+T8ZR8+AM+AmaV5spXJiNMZ+n4Y/uvIjDENda1cA3KJtQ0XfyYm/OY82\ni5FGsoTeYpLGucnCiHimGL2HE0R1B8ILBmvDYnniIDz1mM0OKNqQFXdrY9eHo8tL\nYFt3WchyXmfXw06hDRVW09NOgSQhAgMBAAECgYEAj7yg4ZeozMWDp92xJGmWMeYT\nOS+//SuQtamB8TLPpHla19BjjWIzIMLm9t9x1WJm4C0xxSn0BNxbeMf6dhMwDKG0\nIdMzGiddvqEf56Ir3KRtsqRhS6moQWM6Jza30DEHAShiAdb/+6pnsUFCG8I/267I\naT6lT4Goi/6hxmWQbRUCQQDTrHZgPn6DQyHeIc1uN8A6xSAVPRbxf279BACf5J87\nikcXZv2V3l1EqkqF7/j0CwkiRUtMVLu9nf4i68jRumQbAkEAwnA5ebKEoi8R0KlD\nwbjPG9PukEdl1nqsOiGNDO59XQGUXqiIbmgQ7Lw9m/uxuBwxR1VOBlQb/dqSk8dx\nXH1EcwJBAMuyLFxj52UzxjS4PLOzDNbBeiVWG20c39a18k/sN1uZrt4Taza8vO5m\nHb8UdnOK5yhGnLaA2AYaM0SxuBgzkT8CQQCU7gy4EGrTJyaIIv5JJdtNP1mdnXJ9\ng9zjcctuOkY/tPQGRSSrHH7KNa0jCvinQsDkGIz4//eoy4A2PS+xXinNAkEAssOU\n98zEjK53vwa5B92e7IBM4xKvDqrw7y0l3SJ3mZgo98U9/+PCj3LWiHeLnKCrapr2\nkP/C/9nqlQ36f/XfhQ==\n-----END PRIVATE KEY-----";
+
+    /// `user: alice / pwd: s3cret / ts: 1700000000` encrypted to KEY by
+    /// OpenSSL, the library iperf3 encrypts with, in the two paddings
+    /// iperf3 uses (`openssl pkeyutl -encrypt -pkeyopt
+    /// rsa_padding_mode:pkcs1` as 3.12, `rsa_padding_mode:oaep`, SHA-1 and
+    /// MGF1 with SHA-1, as 3.17 and later), base64.
+    const OPENSSL_PKCS1: &str = "HA0zXYdMSHJoL4xhBR2rRcpXXc+HWWJSxGdxnI9FSmQ6sVA4BjbF6MvKHZsxU9E1DGDjeSdX7xlC7bVPTC4RAz/hQh9QY2FCP4l3/PccbJbp56xQFfRXV2/Y1oKy0UZvnhgnCEx1esN8S8XepNN+DEugqqXOvQBDpk5NoQJIHDM=";
+    const OPENSSL_OAEP: &str = "sozEiyW93AfJO4T4juuU08Ew+HYyVn51ujSRcVx7xr58U4qJJEDSPDs69OmOYQdb6TEI02N69oueFYfrZt2OYdrKrzkPFSxR2MFNOVXy54NyamwIHQq3l4goIouRsaDNAF3Sj5MmMkBmW3a8GS1HznA7qkIcqJBm0mjH49MJqCM=";
+    const OPENSSL_TS: i64 = 1_700_000_000;
+
+    struct Fixture {
+        dir: std::path::PathBuf,
+        auth: ServerAuth,
+        public: PublicKey,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn fixture(tag: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(format!("lh-iperf3-auth-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let key_path = dir.join("private.pem");
-        std::fs::write(
-            &key_path,
-            key.to_pkcs8_pem(LineEnding::LF).unwrap().as_bytes(),
-        )
-        .unwrap();
+        std::fs::write(&key_path, KEY).unwrap();
         let users = dir.join("users.csv");
         std::fs::write(
             &users,
@@ -252,16 +312,36 @@ mod tests {
             ),
         )
         .unwrap();
-        ServerAuth::load(&key_path, &users, DEFAULT_SKEW).unwrap()
+        let auth = ServerAuth::load(&key_path, &users, DEFAULT_SKEW).unwrap();
+        let public = load_private_key(&key_path).unwrap().to_public_key();
+        Fixture { dir, auth, public }
+    }
+
+    #[test]
+    fn openssl_tokens_of_both_paddings_iperf3_uses_are_read() {
+        let f = fixture("openssl");
+        for token in [OPENSSL_PKCS1, OPENSSL_OAEP] {
+            assert_eq!(
+                f.auth.check_at(Some(token), OPENSSL_TS + 3),
+                Ok("alice".into())
+            );
+        }
+        // Either, a byte changed: no proof, whichever padding it had.
+        for token in [OPENSSL_PKCS1, OPENSSL_OAEP] {
+            let mut sealed = base64::engine::general_purpose::STANDARD
+                .decode(token)
+                .unwrap();
+            sealed[40] ^= 1;
+            let tampered = base64::engine::general_purpose::STANDARD.encode(sealed);
+            let (kind, why) = f.auth.check_at(Some(&tampered), OPENSSL_TS).unwrap_err();
+            assert_eq!(kind, AuthFailure::BadProof, "{why}");
+        }
     }
 
     #[test]
     fn tokens_of_both_paddings_prove_listed_users_only() {
-        let dir = std::env::temp_dir().join(format!("lh-iperf3-auth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).unwrap();
-        let auth = server(&dir, &key);
-        let public = key.to_public_key();
+        let f = fixture("ours");
+        let auth = &f.auth;
         let now = 1_700_000_000;
         let token = |user: &str, pw: &str, ts: i64, pad| {
             let c = Credentials {
@@ -269,7 +349,7 @@ mod tests {
                 password: pw.into(),
                 timestamp: ts,
             };
-            encode_token(&c, &public, pad).unwrap()
+            encode_token(&c, &f.public, pad).unwrap()
         };
         for pad in [Padding::Pkcs1v15, Padding::OaepSha1] {
             assert_eq!(
@@ -278,22 +358,40 @@ mod tests {
             );
         }
         let fail = |t: Option<&str>| auth.check_at(t, now).unwrap_err();
-        assert!(fail(Some(&token("alice", "wrong", now, Padding::Pkcs1v15))).contains("alice"));
-        assert!(fail(Some(&token("bob", "s3cret", now, Padding::Pkcs1v15))).contains("bob"));
-        assert!(
-            fail(Some(&token("alice", "s3cret", now - 60, Padding::Pkcs1v15))).contains("60 s")
-        );
-        assert!(fail(None).contains("--username"));
-        assert!(fail(Some("!!")).contains("base64"));
-        let other = RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).unwrap();
+        let wrong = |t: Option<&str>| {
+            let (kind, why) = fail(t);
+            assert_eq!(kind, AuthFailure::BadToken, "{why}");
+            why
+        };
+        let no_proof = |t: Option<&str>| {
+            let (kind, why) = fail(t);
+            assert_eq!(kind, AuthFailure::BadProof, "{why}");
+            why
+        };
+        for pad in [Padding::Pkcs1v15, Padding::OaepSha1] {
+            assert!(wrong(Some(&token("alice", "wrong", now, pad))).contains("alice"));
+            assert!(wrong(Some(&token("bob", "s3cret", now, pad))).contains("bob"));
+            assert!(no_proof(Some(&token("alice", "s3cret", now - 60, pad))).contains("60 s"));
+        }
+        assert!(wrong(None).contains("--username"));
+        assert!(no_proof(Some("!!")).contains("base64"));
+        // Sealed for another key: PKCS #1 v1.5 rejects it implicitly (a
+        // random-looking message, not an error), OAEP does not decrypt.
+        let other = PrivateKey::from_pkcs8_pem(OTHER_KEY)
+            .unwrap()
+            .to_public_key();
         let c = Credentials {
             user: "alice".into(),
             password: "s3cret".into(),
             timestamp: now,
         };
-        let foreign = encode_token(&c, &other.to_public_key(), Padding::Pkcs1v15).unwrap();
-        assert!(fail(Some(&foreign)).contains("decrypt"));
-        std::fs::remove_dir_all(&dir).unwrap();
+        for pad in [Padding::Pkcs1v15, Padding::OaepSha1] {
+            let foreign = encode_token(&c, &other, pad).unwrap();
+            assert!(no_proof(Some(&foreign)).contains("user/pwd/ts"));
+        }
+        // Not even a ciphertext of our key's size.
+        let short = base64::engine::general_purpose::STANDARD.encode([7u8; 16]);
+        assert!(no_proof(Some(&short)).contains("decrypt"));
     }
 
     #[test]

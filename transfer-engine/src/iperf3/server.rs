@@ -25,20 +25,21 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use longhaul_admission::{Arrival, FirstMessage, Lobby, Protocol, Ticket};
+use longhaul_admission::{
+    Arrival, FirstMessage, Lobby, Protocol, Refusal, Reporter, Slots, Ticket,
+};
 use longhaul_units::{format_bps, format_bytes};
 
 use crate::auth::{random_bytes, to_hex};
 use crate::cpu::CpuSnapshot;
 use crate::error::{Error, Result};
 use crate::limits::{
-    admission_settings, ADMISSION_DEADLINE, ATTACH_TIMEOUT, DATA_IDLE_TIMEOUT, SHUTDOWN_TIMEOUT,
-    WATCHDOG_PERIOD,
+    admission_settings, ADMISSION_DEADLINE, DATA_IDLE_TIMEOUT, HANDSHAKING_CAPACITY,
+    SHUTDOWN_TIMEOUT, WATCHDOG_PERIOD,
 };
 use crate::logline;
 use crate::messages::Role;
@@ -60,6 +61,33 @@ pub const DEFAULT_PORT: u16 = 5201;
 
 /// Default `--iperf3-max-tests`: tests running at once.
 pub const DEFAULT_MAX_TESTS: usize = 16;
+
+/// Without `--iperf3-max-tests-per-source`, one source may hold this part
+/// of the test slots (a quarter: 4 of the default 16). The port takes no
+/// token, so a stranger holding tests that never start must not take them
+/// all: one source with 16 connections stopped after their parameters
+/// served 0 of 70 real clients over 70 s. Four tests at once from one
+/// host is more than a campus's test schedule runs (perfSONAR runs one).
+pub const SOURCE_SHARE_DIVISOR: usize = 4;
+
+/// The default `--iperf3-max-tests-per-source` for `max_tests` slots.
+pub fn default_tests_per_source(max_tests: usize) -> usize {
+    (max_tests / SOURCE_SHARE_DIVISOR).max(1)
+}
+
+/// Default `--iperf3-max-pending-per-source`: connections of one source
+/// between their cookie and the end of their parameter exchange (each a
+/// thread of ours), the oldest pushed out by a newer one. A client has one
+/// there for a round trip per test; 8 covers a host starting its tests
+/// together, and a stranger's crowd holds 8 threads, not 64.
+pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 8;
+
+/// From `CREATE_STREAMS` to the test's last data connection (TCP or UDP).
+/// An iperf3 client opens them all at once, a round trip each: 5 s covers
+/// 128 streams over a 1 s RTT path. A test whose streams do not come gives
+/// its slot back then (it kept it 30 s, the engine's own sessions' attach
+/// time for 1,024 streams).
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The iperf3 port's name among the stats API's admission counters.
 pub const LISTENER_NAME: &str = "iperf3";
@@ -97,17 +125,44 @@ const TELL_GRACE: Duration = Duration::from_secs(2);
 pub struct Iperf3Options {
     pub listen: String,
     pub max_tests: usize,
+    /// Tests one source may hold at once, starting or running
+    /// (`--iperf3-max-tests-per-source`).
+    pub max_tests_per_source: usize,
+    /// Connections of one source still in their parameter exchange
+    /// (`--iperf3-max-pending-per-source`).
+    pub max_pending_per_source: usize,
     pub limits: ServerLimits,
     /// `--iperf3-rsa-private-key-path` and `--iperf3-authorized-users-path`.
     pub auth: Option<ServerAuth>,
 }
 
 impl Iperf3Options {
+    /// Refuses limits that do not hold together, naming the flag.
+    pub fn check(&self) -> Result<()> {
+        if self.max_tests == 0 {
+            return Err(Error::Usage("--iperf3-max-tests must be at least 1".into()));
+        }
+        if self.max_tests_per_source == 0 || self.max_tests_per_source > self.max_tests {
+            return Err(Error::Usage(format!(
+                "--iperf3-max-tests-per-source must be 1..{} (--iperf3-max-tests)",
+                self.max_tests
+            )));
+        }
+        if self.max_pending_per_source == 0 || self.max_pending_per_source > HANDSHAKING_CAPACITY {
+            return Err(Error::Usage(format!(
+                "--iperf3-max-pending-per-source must be 1..{HANDSHAKING_CAPACITY}"
+            )));
+        }
+        Ok(())
+    }
+
     /// iperf3 on `listen` with the default limits and no authentication.
     pub fn new(listen: impl Into<String>) -> Iperf3Options {
         Iperf3Options {
             listen: listen.into(),
             max_tests: DEFAULT_MAX_TESTS,
+            max_tests_per_source: default_tests_per_source(DEFAULT_MAX_TESTS),
+            max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
             limits: ServerLimits {
                 max_duration: DEFAULT_MAX_DURATION,
                 max_rate_bps: 0,
@@ -130,7 +185,8 @@ struct Context {
     /// One memory plane for every test: its pattern is shared, so a test
     /// costs no pattern of its own.
     plane: MemoryPlane,
-    active: AtomicUsize,
+    /// The `--iperf3-max-tests` slots, shared out per source.
+    tests: Arc<Slots>,
     attaching: Mutex<HashMap<Cookie, Attaching>>,
     udp: Arc<UdpPort>,
 }
@@ -155,9 +211,7 @@ fn log(msg: impl std::fmt::Display) {
 impl Iperf3Server {
     /// Binds the TCP and UDP port of `opts.listen`.
     pub fn bind(opts: Iperf3Options, registry: Arc<Registry>) -> Result<Iperf3Server> {
-        if opts.max_tests == 0 {
-            return Err(Error::Usage("--iperf3-max-tests must be at least 1".into()));
-        }
+        opts.check()?;
         let bad = |e: std::io::Error| {
             Error::Usage(format!(
                 "cannot listen on {} (--iperf3-listen): {e}",
@@ -174,9 +228,9 @@ impl Iperf3Server {
             listener,
             ctx: Arc::new(Context {
                 plane: MemoryPlane::from_env()?,
+                tests: Slots::new(opts.max_tests, opts.max_tests_per_source),
                 opts,
                 registry,
-                active: AtomicUsize::new(0),
                 attaching: Mutex::new(HashMap::new()),
                 udp,
             }),
@@ -199,10 +253,12 @@ impl Iperf3Server {
             .map_err(|e| Error::io("starting the iperf3 UDP port", e))?;
         let registry = self.ctx.registry.clone();
         let address = self.listener.local_addr().ok();
+        let mut settings = admission_settings();
+        settings.handshaking.per_source = self.ctx.opts.max_pending_per_source;
         let lobby = Lobby::new(
             self.listener,
             Arc::new(Iperf3Protocol { ctx: self.ctx }),
-            admission_settings(),
+            settings,
         );
         registry.watch_admission(LISTENER_NAME, address, lobby.counters());
         std::thread::Builder::new()
@@ -272,26 +328,6 @@ impl Protocol for Iperf3Protocol {
     }
 }
 
-/// One of the `--iperf3-max-tests` slots, given back when the test ends.
-struct TestSlot<'a>(&'a AtomicUsize);
-
-impl<'a> TestSlot<'a> {
-    fn take(active: &'a AtomicUsize, max: usize) -> Option<TestSlot<'a>> {
-        active
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| TestSlot(active))
-    }
-}
-
-impl Drop for TestSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// A new test's control connection, from its cookie on: parameters,
 /// credentials, limits, admission, a slot, the test.
 fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
@@ -335,10 +371,25 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
         Err(why) => return refuse(ErrorCode::RecvParams, why),
     };
     let user = match &ctx.opts.auth {
-        Some(auth) => match auth.check(params.authtoken.as_deref()) {
-            Ok(user) => Some(user),
-            Err(why) => return refuse(ErrorCode::AuthTest, why),
-        },
+        Some(auth) => {
+            // In the source's turn: a guesser is slowed down, and each try
+            // costs an RSA decryption.
+            let Some(turn) = reporter.proof_turn() else {
+                return reporter.report(
+                    "iperf3: too many failed logins from this address: slowed down past the admission deadline",
+                );
+            };
+            match auth.check(params.authtoken.as_deref()) {
+                Ok(user) => {
+                    turn.passed();
+                    Some(user)
+                }
+                Err(denied) => {
+                    reporter.auth_failed(denied.kind);
+                    return refuse(ErrorCode::AuthTest, denied.why);
+                }
+            }
+        }
         None => None,
     };
     if let Err(r) = params.check(&ctx.opts.limits) {
@@ -347,12 +398,25 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
     if let Err(e) = ticket.admit() {
         return reporter.report(&format!("iperf3: {e}"));
     }
-    let Some(_slot) = TestSlot::take(&ctx.active, ctx.opts.max_tests) else {
-        let _ = w.write_all(&[State::AccessDenied.byte()]);
-        return log(format!(
-            "iperf3 test from {peer}: refused: already running {} tests (--iperf3-max-tests)",
-            ctx.opts.max_tests
-        ));
+    let _slot = match ctx.tests.take(peer.ip()) {
+        Ok(slot) => slot,
+        Err(why) => {
+            reporter.refused(why);
+            let _ = w.write_all(&[State::AccessDenied.byte()]);
+            // Through the port's rate limit: refused clients come back
+            // at once, in a loop.
+            return reporter.report(&match why {
+                Refusal::SourceBusy => format!(
+                    "iperf3 test refused: {} already holds {} tests (--iperf3-max-tests-per-source)",
+                    peer.ip(),
+                    ctx.tests.per_source()
+                ),
+                _ => format!(
+                    "iperf3 test refused: already running {} tests (--iperf3-max-tests)",
+                    ctx.opts.max_tests
+                ),
+            });
+        }
     };
     let who = match &user {
         Some(u) => format!("iperf3 test from {peer} (user {u})"),
@@ -366,7 +430,7 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
     );
     entry.set_request(&params.shape());
     entry.set_protocol(longhaul_stats_api::Protocol::Iperf3);
-    let result = run_test(&stream, &params, cookie, &entry, ctx);
+    let result = run_test(&stream, &params, cookie, &entry, &reporter, ctx);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     ctx.registry.finish(&entry, result.is_ok());
     match result {
@@ -381,6 +445,9 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
 struct Failure {
     tell: Option<ErrorCode>,
     error: Error,
+    /// The test's data connections did not all come within
+    /// [`ATTACH_TIMEOUT`] (a refusal the port counts).
+    attach_timeout: bool,
 }
 
 impl Failure {
@@ -388,11 +455,23 @@ impl Failure {
         Failure {
             tell: Some(code),
             error,
+            attach_timeout: false,
         }
     }
 
     fn silent(error: Error) -> Failure {
-        Failure { tell: None, error }
+        Failure {
+            tell: None,
+            error,
+            attach_timeout: false,
+        }
+    }
+
+    fn attach_timeout(error: Error) -> Failure {
+        Failure {
+            attach_timeout: true,
+            ..Failure::silent(error)
+        }
     }
 }
 
@@ -408,10 +487,19 @@ fn run_test(
     params: &Params,
     cookie: Cookie,
     entry: &Arc<SessionEntry>,
+    reporter: &Reporter,
     ctx: &Arc<Context>,
 ) -> Result<String> {
     let (tx, events) = mpsc::channel();
-    match test_phases(stream, params, cookie, entry, ctx, &tx, &events) {
+    let phases = test_phases(stream, params, cookie, entry, ctx, &tx, &events);
+    if let Err(Failure {
+        attach_timeout: true,
+        ..
+    }) = &phases
+    {
+        reporter.refused(Refusal::AttachTimeout);
+    }
+    match phases {
         Ok(summary) => Ok(summary),
         Err(f) => {
             if let Some(code) = f.tell {
@@ -567,7 +655,7 @@ fn open_tcp(
             Ok(Event::Control(h)) => return Err(unexpected(h, "while opening the streams")),
             Ok(Event::Ended(_)) => {}
             Err(_) => {
-                return Err(Failure::silent(Error::Timeout(format!(
+                return Err(Failure::attach_timeout(Error::Timeout(format!(
                     "only {} of {total} data connections arrived within {} s",
                     sockets.len(),
                     ATTACH_TIMEOUT.as_secs()
@@ -602,7 +690,7 @@ fn open_udp(
     let mut sockets = Vec::with_capacity(total);
     while sockets.len() < total {
         if Instant::now() >= deadline {
-            return Err(Failure::silent(Error::Timeout(format!(
+            return Err(Failure::attach_timeout(Error::Timeout(format!(
                 "only {} of {total} UDP streams connected within {} s",
                 sockets.len(),
                 ATTACH_TIMEOUT.as_secs()
@@ -1180,12 +1268,9 @@ mod tests {
     }
 
     #[test]
-    fn slots_are_bounded_and_given_back() {
-        let active = AtomicUsize::new(0);
-        let a = TestSlot::take(&active, 2).unwrap();
-        let _b = TestSlot::take(&active, 2).unwrap();
-        assert!(TestSlot::take(&active, 2).is_none());
-        drop(a);
-        assert!(TestSlot::take(&active, 2).is_some());
+    fn a_source_s_default_share_is_a_quarter_of_the_slots() {
+        assert_eq!(default_tests_per_source(DEFAULT_MAX_TESTS), 4);
+        assert_eq!(default_tests_per_source(2), 1);
+        assert_eq!(default_tests_per_source(1024), 256);
     }
 }

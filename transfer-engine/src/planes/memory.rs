@@ -247,7 +247,7 @@ impl MemorySource {
             },
             SendMethod::Zerocopy => {
                 self.sends += 1;
-                if self.sends % 16 == 0 {
+                if self.sends.is_multiple_of(16) {
                     drain_errqueue(fd);
                 }
                 // SAFETY: as above; the pattern outlives the socket's use of

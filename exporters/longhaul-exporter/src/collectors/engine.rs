@@ -152,6 +152,14 @@ pub fn families(view: &EngineView) -> Vec<Family> {
         "longhaul_admission_dropped_total",
         "Connections a listening port of the engine dropped before admission, by reason: evicted (pushed out of a full pre-authentication pool by newer ones), expired (past the admission deadline), garbage (not the protocol).",
     );
+    let mut refused = Family::counter(
+        "longhaul_admission_refused_total",
+        "Connections a listening port of the engine refused after their first message, by reason: busy (every session or test slot taken), source_busy (the client's address held its share of the slots), attach_timeout (a session's or test's data connections did not all attach in time).",
+    );
+    let mut auth_failed = Family::counter(
+        "longhaul_auth_failures_total",
+        "Peers that failed to prove who they are at a listening port of the engine, by reason: bad_token (a wrong token or iperf3 credentials, or none where required), bad_version (another protocol version), bad_proof (a malformed handshake or iperf3 token, a data connection's attach proof that does not verify), timeout (a handshake begun and not finished within the admission deadline).",
+    );
     for a in &view.admission {
         let listener = [("listener", a.listener.as_str())];
         accepted.push_u64(&listener, a.accepted);
@@ -162,6 +170,21 @@ pub fn families(view: &EngineView) -> Vec<Family> {
             ("garbage", a.garbage),
         ] {
             dropped.push_u64(&[("listener", a.listener.as_str()), ("reason", reason)], n);
+        }
+        for (reason, n) in [
+            ("busy", a.refused.busy),
+            ("source_busy", a.refused.source_busy),
+            ("attach_timeout", a.refused.attach_timeout),
+        ] {
+            refused.push_u64(&[("listener", a.listener.as_str()), ("reason", reason)], n);
+        }
+        for (reason, n) in [
+            ("bad_token", a.auth_failed.bad_token),
+            ("bad_version", a.auth_failed.bad_version),
+            ("bad_proof", a.auth_failed.bad_proof),
+            ("timeout", a.auth_failed.timeout),
+        ] {
+            auth_failed.push_u64(&[("listener", a.listener.as_str()), ("reason", reason)], n);
         }
     }
     for s in &view.sessions {
@@ -243,6 +266,8 @@ pub fn families(view: &EngineView) -> Vec<Family> {
         accepted,
         admitted,
         dropped,
+        refused,
+        auth_failed,
     ]
 }
 
@@ -355,6 +380,17 @@ mod tests {
                 evicted: 20,
                 expired: 5,
                 garbage: 2,
+                refused: longhaul_stats_api::Refused {
+                    busy: 4,
+                    source_busy: 30,
+                    attach_timeout: 1,
+                },
+                auth_failed: longhaul_stats_api::AuthFailed {
+                    bad_token: 100,
+                    bad_version: 7,
+                    bad_proof: 3,
+                    timeout: 40,
+                },
             },
             longhaul_stats_api::Admission {
                 listener: "iperf3".into(),
@@ -394,6 +430,39 @@ mod tests {
                 (l(&[("listener", "longhaul"), ("reason", "evicted")]), 20.0),
                 (l(&[("listener", "longhaul"), ("reason", "expired")]), 5.0),
                 (l(&[("listener", "longhaul"), ("reason", "garbage")]), 2.0),
+            ]
+        );
+        let refused = series("longhaul_admission_refused_total");
+        assert_eq!(refused.len(), 6, "three reasons per listener: {refused:?}");
+        assert_eq!(
+            refused[..3],
+            [
+                (l(&[("listener", "longhaul"), ("reason", "busy")]), 4.0),
+                (
+                    l(&[("listener", "longhaul"), ("reason", "source_busy")]),
+                    30.0
+                ),
+                (
+                    l(&[("listener", "longhaul"), ("reason", "attach_timeout")]),
+                    1.0
+                ),
+            ]
+        );
+        let auth = series("longhaul_auth_failures_total");
+        assert_eq!(auth.len(), 8, "four reasons per listener: {auth:?}");
+        assert_eq!(
+            auth[..4],
+            [
+                (
+                    l(&[("listener", "longhaul"), ("reason", "bad_token")]),
+                    100.0
+                ),
+                (
+                    l(&[("listener", "longhaul"), ("reason", "bad_version")]),
+                    7.0
+                ),
+                (l(&[("listener", "longhaul"), ("reason", "bad_proof")]), 3.0),
+                (l(&[("listener", "longhaul"), ("reason", "timeout")]), 40.0),
             ]
         );
         // An older engine lists no admission: the families stay empty.

@@ -2,12 +2,37 @@
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
+use longhaul_engine::auth::Token;
 use longhaul_engine::connection::Connection;
 use longhaul_engine::messages::{Challenge, Hello, Message};
+use longhaul_stats_api::AuthFailed;
 
 use crate::support::*;
+
+/// The control port's failed logins, once they read `want` (within 10 s).
+fn wait_for_auth_failures(server: &Server, want: AuthFailed) {
+    let t = Instant::now();
+    loop {
+        let got = snapshot(server.stats_port)
+            .engine
+            .admission
+            .into_iter()
+            .find(|a| a.listener == "longhaul")
+            .map(|a| a.auth_failed)
+            .unwrap_or_default();
+        if got == want {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "failed logins {got:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 #[test]
 fn right_token_works_wrong_token_is_refused() {
@@ -56,6 +81,13 @@ fn server_rejects_a_newer_protocol_version_and_keeps_serving() {
         err.to_string().contains("protocol version mismatch"),
         "{err}"
     );
+    wait_for_auth_failures(
+        &server,
+        AuthFailed {
+            bad_version: 1,
+            ..AuthFailed::default()
+        },
+    );
     let v = send_json(&server.addr(), &["--bytes", "1M"]);
     assert_eq!(v["bytes"].as_u64(), Some(1 << 20));
 }
@@ -99,6 +131,65 @@ fn a_random_connection_cannot_attach_to_a_session() {
     let got = std::io::Read::read(&mut s, &mut reply).unwrap();
     assert!(got == 0 || reply[0] == longhaul_engine::attach::ATTACH_REJECTED);
     assert!(server.wait_log("rejected data connection", Duration::from_secs(5)));
+    wait_for_auth_failures(
+        &server,
+        AuthFailed {
+            bad_proof: 1,
+            ..AuthFailed::default()
+        },
+    );
     let v = send_json(&server.addr(), &["--bytes", "1M"]);
     assert_eq!(v["bytes"].as_u64(), Some(1 << 20));
+}
+
+/// A guesser: 100 handshakes with a wrong token from one address, 8 at a
+/// time. Each is counted as a bad token on the stats API (before, only
+/// `accepted` rose), and past the first 10 they are slowed down to 10 a
+/// second whatever the parallelism (before, 100 took 1.1 s). A client
+/// with the right token from the same address is admitted promptly
+/// afterwards: its proof holds, so it waits for no budget.
+#[test]
+fn wrong_tokens_are_counted_and_slowed_and_the_right_one_gets_in_promptly() {
+    const TRIES: usize = 100;
+    let good = token_file("good-guessed", "correct horse battery staple");
+    let server = Server::start(&["--token-file", &good]);
+    let wrong = Token::from_bytes(b"a guess");
+    let tried = AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                while tried.fetch_add(1, Ordering::Relaxed) < TRIES {
+                    let sock = TcpStream::connect(server.addr()).unwrap();
+                    let mut conn = Connection::new(sock).unwrap();
+                    let err =
+                        longhaul_engine::handshake::client_authenticate(&mut conn, Some(&wrong))
+                            .err()
+                            .expect("a wrong token is refused");
+                    assert!(err.to_string().contains("wrong token"), "{err}");
+                }
+            });
+        }
+    });
+    let took = started.elapsed();
+    wait_for_auth_failures(
+        &server,
+        AuthFailed {
+            bad_token: TRIES as u64,
+            ..AuthFailed::default()
+        },
+    );
+    // 10 at once, then 10 a second: the other 90 take 9 s.
+    assert!(
+        took >= Duration::from_secs(8),
+        "{TRIES} wrong tokens in {took:?}: nothing slowed them down"
+    );
+    let t = Instant::now();
+    let v = send_json(&server.addr(), &["--bytes", "1M", "--token-file", &good]);
+    assert_eq!(v["bytes"].as_u64(), Some(1 << 20));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the right token waited {:?}",
+        t.elapsed()
+    );
 }

@@ -13,6 +13,7 @@ use crate::support::*;
 /// Keys of the final JSON object, in the order they are written.
 const FINAL_KEYS: &[&str] = &[
     "type",
+    "ok",
     "mode",
     "direction",
     "bytes",

@@ -367,6 +367,8 @@ fn stats_api_counts_what_each_port_did_with_its_connections() {
             evicted: 0,
             expired: 0,
             garbage,
+            refused: Default::default(),
+            auth_failed: Default::default(),
         }
     };
     // longhaul: the stranger (garbage), the session's control connection

@@ -91,7 +91,7 @@ impl PartState {
             && self.mtime_nsec == e.mtime_nsec
             && self.chunk_size == CHUNK_SIZE
             && self.verified <= e.size
-            && (self.verified % CHUNK_SIZE == 0 || self.verified == e.size)
+            && (self.verified.is_multiple_of(CHUNK_SIZE) || self.verified == e.size)
     }
 }
 

@@ -862,7 +862,10 @@ pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Va
         .unwrap_or(Value::Null);
     let failures = all_failures(local, remote);
     let sent = report.files.saturating_sub(report.skipped);
-    let sent_bytes = report.file_bytes.saturating_sub(report.skipped_bytes);
+    // Of the files sent: every byte verified, the resumed prefixes (read
+    // again from the receiver's disk) included, but only the rest sent.
+    let completed_bytes = report.file_bytes.saturating_sub(report.skipped_bytes);
+    let sent_bytes = completed_bytes.saturating_sub(report.resumed_bytes);
     // Skipped on size and mtime alone: nobody compared their content.
     let unverified = report.skipped.saturating_sub(report.skipped_by_checksum);
     let mut files = json!({
@@ -871,7 +874,7 @@ pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Va
         "verified": failures.is_empty() && unverified == 0,
         "sent": sent,
         "sent_bytes": sent_bytes,
-        "verified_bytes": sent_bytes + report.skipped_by_checksum_bytes,
+        "verified_bytes": completed_bytes + report.skipped_by_checksum_bytes,
         "skipped": sender.get("skipped").cloned().unwrap_or(json!(report.skipped)),
         "skipped_unverified": unverified,
         "skip_check": if sender.get("checksum").and_then(Value::as_bool).unwrap_or(false) {
@@ -962,10 +965,7 @@ pub fn check(local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
         "checksum" => Error::ChecksumMismatch(text),
         "refused" => Error::Refused(text),
         "in_use" => Error::Busy(text),
-        _ => Error::Io {
-            context: "transfer incomplete".into(),
-            source: std::io::Error::other(text),
-        },
+        _ => Error::Incomplete(text),
     })
 }
 

@@ -433,7 +433,13 @@ impl Feed {
                 let (wrote, payload) = out.write_to(io.sock, allowed)?;
                 budget.spent(payload);
                 moved += payload;
-                io.moved(payload as u64);
+                // A stream's bytes are file data, as the receiving end
+                // counts them: a `Fail` frame's message is not (counted,
+                // it made the two ends disagree on the stream's bytes and
+                // a file that failed on the sender failed the whole tree).
+                if out.header().kind == FrameKind::Data {
+                    io.moved(payload as u64);
+                }
                 match wrote {
                     Wrote::Whole => {
                         let frame = self.out.take().expect("written above");

@@ -107,6 +107,10 @@ pub struct DiskReport {
     pub skipped_by_checksum: u64,
     #[serde(default)]
     pub skipped_by_checksum_bytes: u64,
+    /// Of `file_bytes`: the resumed prefixes of files completed in this
+    /// session, which were not sent again (0 from an engine before it).
+    #[serde(default)]
+    pub resumed_bytes: u64,
     /// Payload bytes written in this session.
     pub written_bytes: u64,
     pub failures: Vec<FileFailure>,
@@ -193,11 +197,13 @@ impl FrameHeader {
         };
         match kind {
             FrameKind::Data
-                if h.len == 0 || u64::from(h.len) > CHUNK_SIZE || h.offset % CHUNK_SIZE != 0 =>
+                if h.len == 0
+                    || u64::from(h.len) > CHUNK_SIZE
+                    || !h.offset.is_multiple_of(CHUNK_SIZE) =>
             {
                 Err(bad("data block size or alignment"))
             }
-            FrameKind::Hole if h.offset % CHUNK_SIZE != 0 => Err(bad("hole alignment")),
+            FrameKind::Hole if !h.offset.is_multiple_of(CHUNK_SIZE) => Err(bad("hole alignment")),
             FrameKind::Fail if h.len > MAX_FAIL_MESSAGE => Err(bad("message too long")),
             FrameKind::Hole | FrameKind::End | FrameKind::EndOfStream | FrameKind::KeepAlive
                 if h.len != 0 =>

@@ -150,6 +150,9 @@ struct Totals {
     skipped_bytes: u64,
     skipped_by_checksum: u64,
     skipped_by_checksum_bytes: u64,
+    /// Of `file_bytes`: the resumed prefixes of the files completed in
+    /// this session (verified on this side, not sent again).
+    resumed_bytes: u64,
     failures: Vec<FileFailure>,
     done: Vec<bool>,
 }
@@ -501,6 +504,7 @@ impl ReceivePipeline {
             skipped_bytes: t.skipped_bytes,
             skipped_by_checksum: t.skipped_by_checksum,
             skipped_by_checksum_bytes: t.skipped_by_checksum_bytes,
+            resumed_bytes: t.resumed_bytes,
             written_bytes: self.written_bytes(),
             failures: t.failures.clone(),
             devices: snapshot(&self.shared.groups),
@@ -882,6 +886,12 @@ enum Finish {
     Complete { id: u32, open: Box<Open> },
 }
 
+/// The bytes of a file resumed from `from` that the sender does not send
+/// again: it starts at the chunk `from` falls in.
+fn resumed_prefix(from: u64, size: u64) -> u64 {
+    (from / CHUNK_SIZE * CHUNK_SIZE).min(size)
+}
+
 fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
     for f in rx {
         match f {
@@ -897,6 +907,7 @@ fn finisher(rx: Receiver<Finish>, sh: Arc<Shared>) {
                         let mut t = lock(&sh.totals);
                         t.files += 1;
                         t.file_bytes += x.entry.size;
+                        t.resumed_bytes += resumed_prefix(x.from, x.entry.size);
                         t.done[id as usize] = true;
                     }
                     Err(e) => {
