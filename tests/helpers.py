@@ -216,16 +216,24 @@ def wait_until(predicate, timeout, what, interval=0.5):
     )
 
 
-def run_local_playbook(tmp_path, tasks, overrides, gather_facts=False, env=None):
+def run_local_playbook(tmp_path, tasks, overrides, gather_facts=False, env=None, inventory=None):
     """`tasks` as a playbook on localhost with `overrides` as extra vars, as
-    the role's users run it: the finished ansible-playbook."""
+    the role's users run it: the finished ansible-playbook. `inventory` (an
+    inventory as a dict, YAML's shape) gives the play the groups and host
+    variables of other hosts; localhost stays implicit."""
     play = {"hosts": "localhost", "connection": "local", "gather_facts": gather_facts, "tasks": tasks}
     if gather_facts:
         play["gather_subset"] = ["min"]
     playbook = tmp_path / "playbook.yml"
     playbook.write_text(yaml.safe_dump([play]))
+    inventory_args = []
+    if inventory is not None:
+        path = tmp_path / "inventory.yml"
+        path.write_text(yaml.safe_dump(inventory))
+        inventory_args = ["--inventory", str(path)]
     return subprocess.run(
-        [shutil.which("ansible-playbook") or "ansible-playbook", "--extra-vars", json.dumps(overrides), str(playbook)],
+        [shutil.which("ansible-playbook") or "ansible-playbook", *inventory_args,
+         "--extra-vars", json.dumps(overrides), str(playbook)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -419,3 +419,17 @@ def test_router_counters_stale_watches_live_telegraf(live):
     assert len(exprs) == 5, exprs
     for expr in exprs:
         assert stack.promql(expr) == [], "RouterCountersStale condition holds: %s" % expr
+    # router_not_polled compares with the inventory's routers (longhaul-expected.yml,
+    # empty in rules/): with the polled router and one nobody polls listed, only the
+    # latter is not seen.
+    (not_polled,) = [
+        rule["expr"]
+        for group in groups
+        for rule in group["rules"]
+        if rule.get("labels", {}).get("reason") == "router_not_polled"
+    ]
+    listed = " or ".join(
+        'label_replace(vector(1), "router", "%s", "", "")' % router for router in (ROUTER, "lost-router")
+    )
+    lost = stack.promql(not_polled.replace("longhaul:expected:router", "(%s)" % listed))
+    assert [series["metric"]["router"] for series in lost] == ["lost-router"], lost

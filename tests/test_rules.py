@@ -14,11 +14,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+import helpers
 from helpers import run_local_playbook
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,17 +150,17 @@ def template_task(template, dest):
     return {"ansible.builtin.template": {"src": str(ROLE / "templates" / template), "dest": str(dest), "mode": "0644"}}
 
 
-def render_with_role_defaults(template, tmp_path, **overrides):
+def render_with_role_defaults(template, tmp_path, inventory=None, **overrides):
     """`template` of the prometheus role rendered with the role's defaults
     (and `overrides` of them), as the role (and lab/compose/render.yml)
-    renders it."""
+    renders it; with `inventory`'s groups and hosts, if given."""
     out = tmp_path / template.replace(".j2", "")
     tasks = [
         {"ansible.builtin.include_vars": {"file": str(ROLE / "defaults" / "main.yml")}},
         {"ansible.builtin.include_vars": {"file": str(ROLE / "vars" / "main.yml")}},
         template_task(template, out),
     ]
-    done = run_local_playbook(tmp_path, tasks, overrides)
+    done = run_local_playbook(tmp_path, tasks, overrides, inventory=inventory)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out.read_text()
 
@@ -204,6 +207,114 @@ def test_the_committed_thresholds_are_the_roles_template_with_its_defaults(tmp_p
     rendered = rules(render_with_role_defaults("thresholds.yml.j2", tmp_path))
     assert rules((RULES / "longhaul-thresholds.yml").read_text()) == rendered
     assert len(rendered) == 3, rendered
+
+
+# --- what a Prometheus must see: the expected sets, rendered from the inventory ---
+
+EXPECTED_FIXTURES = RULES / "tests" / "expected"
+
+
+def hosts(group_hosts):
+    return {"hosts": group_hosts}
+
+
+# The inventories of the promtool cases (rules/tests/expected-*.yml): each
+# fixture in rules/tests/expected/ is a template of the role rendered with
+# one of these, as a deploy renders it ("site": longhaul-expected.yml,
+# "central": longhaul-expected-sites.yml). "after-removal": the same testbed
+# after router lab-router and transfer host xfer-a (site a) left the
+# inventory, deployed again. Sites come from the hosts' `site` (a router's does
+# not count: nothing scrapes it) and from a site Prometheus's external labels.
+EXPECTED_INVENTORIES = {
+    "": {"all": {"children": {
+        "routers": hosts({"lab-router": {"site": "r"}, "other-router": {}}),
+        "transfer_hosts": hosts({"xfer-a": {"site": "a", "link": "a--b"}, "xfer-b": {"site": "b"}}),
+        "monitoring": hosts({"monitor": {"prometheus_external_labels": {"site": "c"}}}),
+        "central_monitoring": hosts({"central": {}}),
+    }}},
+    "-after-removal": {"all": {"children": {
+        "routers": hosts({"other-router": {}}),
+        "transfer_hosts": hosts({"xfer-b": {"site": "b"}}),
+        "monitoring": hosts({"monitor": {"prometheus_external_labels": {"site": "c"}}}),
+        "central_monitoring": hosts({"central": {}}),
+    }}},
+}
+EXPECTED_TEMPLATES = {"site": "expected.yml.j2", "central": "expected-sites.yml.j2"}
+
+
+def render_expected_sets(tmp_path, inventory=None):
+    """Both expected-set templates rendered with the role's defaults and
+    `inventory` (none: an empty one), in one run: {"site": text, "central": text}."""
+    tasks = [
+        {"ansible.builtin.include_vars": {"file": str(ROLE / "defaults" / "main.yml")}},
+        {"ansible.builtin.include_vars": {"file": str(ROLE / "vars" / "main.yml")}},
+    ] + [template_task(template, tmp_path / (kind + ".yml")) for kind, template in EXPECTED_TEMPLATES.items()]
+    done = run_local_playbook(tmp_path, tasks, {}, inventory=inventory)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {kind: (tmp_path / (kind + ".yml")).read_text() for kind in EXPECTED_TEMPLATES}
+
+
+def expected_series(text):
+    """(record, labels) of each rule of an expected-set file."""
+    return sorted(
+        (r["record"], tuple(sorted(r.get("labels", {}).items())))
+        for g in yaml.safe_load(text)["groups"]
+        for r in g["rules"]
+    )
+
+
+def check_or_update(committed, rendered, source):
+    if os.environ.get("UPDATE_RULES") == "1":
+        committed.parent.mkdir(exist_ok=True)
+        committed.write_text(rendered)
+    assert committed.read_text() == rendered, (
+        "%s differs from %s rendered: edit the template, then run "
+        "UPDATE_RULES=1 scripts/pytest-run tests/test_rules.py" % (committed.relative_to(REPO), source)
+    )
+
+
+def test_the_committed_expected_sets_are_the_roles_templates_without_inventory(tmp_path):
+    """rules/longhaul-expected.yml and rules/central/longhaul-expected-sites.yml
+    (what CI's rule checks and a compose stack without an inventory load) are
+    the role's templates rendered with no inventory: nothing is expected.
+    UPDATE_RULES=1 rewrites them."""
+    rendered = render_expected_sets(tmp_path)
+    for kind, committed in (
+        ("site", RULES / "longhaul-expected.yml"),
+        ("central", RULES / "central" / "longhaul-expected-sites.yml"),
+    ):
+        check_or_update(committed, rendered[kind], "roles/prometheus/templates/" + EXPECTED_TEMPLATES[kind])
+        assert expected_series(rendered[kind]) == []
+
+
+@pytest.mark.parametrize("when", sorted(EXPECTED_INVENTORIES), ids=lambda when: when.strip("-") or "before")
+def test_the_expected_set_fixtures_are_rendered_from_their_inventories(tmp_path, when):
+    """The promtool cases' expected sets are what a deploy of their inventory
+    renders. UPDATE_RULES=1 rewrites them."""
+    rendered = render_expected_sets(tmp_path, EXPECTED_INVENTORIES[when])
+    for kind, text in rendered.items():
+        check_or_update(EXPECTED_FIXTURES / ("%s%s.yml" % (kind, when)), text, "its inventory (tests/test_rules.py)")
+
+
+def test_the_expected_sets_follow_the_inventory():
+    """Routers from the routers group, exporter hosts from transfer_hosts with
+    their site and link, sites from the hosts (not the routers) and from the
+    sites' external labels; removed ones are gone."""
+    def read(name):
+        return expected_series((EXPECTED_FIXTURES / name).read_text())
+
+    assert read("site.yml") == [
+        ("longhaul:expected:exporter", (("instance", "xfer-a"), ("link", "a--b"), ("site", "a"))),
+        ("longhaul:expected:exporter", (("instance", "xfer-b"), ("site", "b"))),
+        ("longhaul:expected:router", (("router", "lab-router"),)),
+        ("longhaul:expected:router", (("router", "other-router"),)),
+    ]
+    assert read("site-after-removal.yml") == [
+        ("longhaul:expected:exporter", (("instance", "xfer-b"), ("site", "b"))),
+        ("longhaul:expected:router", (("router", "other-router"),)),
+    ]
+    assert read("central.yml") == [("longhaul:expected:site", (("site", s),)) for s in ("a", "b", "c")]
+    assert read("central-after-removal.yml") == [("longhaul:expected:site", (("site", s),)) for s in ("b", "c")]
 
 
 def test_the_baseline_window_is_the_role_variable(tmp_path):
@@ -313,35 +424,41 @@ def test_the_role_refuses_a_scrape_too_slow_for_the_rules(tmp_path, overrides, p
         assert "set scrape_interval to 20s or less" in output, output[-3000:]
 
 
+CENTRAL_RULES = ["longhaul-central.yml", "longhaul-expected-sites.yml"]
+
+
 @pytest.mark.parametrize(
-    "overrides, rules, alertmanager_group",
+    "overrides, rules, scrapes_alertmanager",
     [
-        ({}, True, "monitoring"),
-        ({"prometheus_remote_write_receiver": True}, False, ""),
-        ({"prometheus_federate_targets": ["mon-a:9090"]}, False, ""),
+        ({}, "site", True),
+        ({"prometheus_remote_write_receiver": True}, "central", False),
+        ({"prometheus_federate_targets": ["mon-a:9090"]}, "central", False),
         (
             {"prometheus_remote_write_receiver": True, "prometheus_rules_src": str(RULES),
-             "prometheus_alertmanager_group": "monitoring"},
+             "prometheus_alertmanager_scrape": True},
+            "site",
             True,
-            "monitoring",
         ),
     ],
-    ids=["site", "receiver", "federation", "receiver-that-asks-for-rules"],
+    ids=["site", "receiver", "federation", "receiver-that-asks-for-site-rules"],
 )
-def test_a_central_prometheus_runs_no_rules_and_no_alertmanager_by_default(
-    tmp_path, overrides, rules, alertmanager_group
+def test_a_central_prometheus_runs_only_the_central_rules_by_default(
+    tmp_path, overrides, rules, scrapes_alertmanager
 ):
     """A central Prometheus set up as the example said (the receiver flag,
     no scrape groups) got every rule file: the sites' remote-written
     longhaul:threshold:* series and its own made every threshold join fail
     ("many-to-many matching not allowed"), and it alerted on every site
-    again."""
+    again. It runs rules/central (a site whose data stopped arriving: only it
+    can see that) and sends to the monitoring hosts' Alertmanagers, without
+    scraping them (the sites send it their Alertmanagers' series)."""
     out = tmp_path / "chosen.json"
     tasks = [
         {"ansible.builtin.include_role": {"name": "prometheus", "tasks_from": "preflight.yml", "public": True}},
         {
             "ansible.builtin.copy": {
-                "content": "{{ {'rules': _prometheus_rule_sources, 'group': prometheus_alertmanager_group} | to_json }}",
+                "content": "{{ {'rules': _prometheus_rule_sources, 'group': prometheus_alertmanager_group,"
+                " 'scrape': prometheus_alertmanager_scrape | bool} | to_json }}",
                 "dest": str(out),
                 "mode": "0644",
             }
@@ -358,8 +475,13 @@ def test_a_central_prometheus_runs_no_rules_and_no_alertmanager_by_default(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     chosen = json.loads(out.read_text())
-    assert ("longhaul-alerts.yml" in chosen["rules"]) == rules, chosen
-    assert chosen["group"] == alertmanager_group, chosen
+    if rules == "central":
+        assert chosen["rules"] == CENTRAL_RULES, chosen
+    else:
+        assert "longhaul-alerts.yml" in chosen["rules"] and "longhaul-expected.yml" in chosen["rules"], chosen
+        assert not set(CENTRAL_RULES) & set(chosen["rules"]), chosen
+    assert chosen["group"] == "monitoring", chosen
+    assert chosen["scrape"] == scrapes_alertmanager, chosen
 
 
 def test_a_threshold_a_sites_rule_uses_needs_a_value(tmp_path):
@@ -418,3 +540,52 @@ def test_alert_links_follow_grafanas_port(tmp_path, port_vars, port):
     ]
     assert links, out.read_text()[:2000]
     assert all(link.startswith("http://localhost:%d/d/" % port) for link in links), links
+
+
+# --- the expected set's deploy, on a real Prometheus ---------------------------
+
+
+def test_a_deploy_without_a_router_ends_its_alert_at_the_next_evaluation(tmp_path, processes):
+    """A real Prometheus with the site's rules and the expected set of
+    rules/tests/expected/site.yml, no router polled: RouterCountersStale fires
+    for lab-router and other-router. Then the deploy after lab-router left the
+    inventory (the expected set replaced, Prometheus reloaded, as the role
+    does): lab-router's alert ends within seconds, other-router's goes on. The
+    alerts' `for:` is 0 here (the role's prometheus_longhaul_alert_for does the
+    same) so that the test takes seconds."""
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    alerts = yaml.safe_load((RULES / "longhaul-alerts.yml").read_text())
+    for group in alerts["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = "0s"
+    (rules / "longhaul-alerts.yml").write_text(yaml.safe_dump(alerts))
+    shutil.copy(EXPECTED_FIXTURES / "site.yml", rules / "longhaul-expected.yml")
+    port = helpers.free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"evaluation_interval": "1s"},
+        "rule_files": [str(rules / "*.yml")],
+    }))
+    prometheus = processes.start("prometheus", [
+        shutil.which("prometheus") or "/usr/bin/prometheus",
+        "--config.file=%s" % config,
+        "--storage.tsdb.path=%s" % (tmp_path / "data"),
+        "--web.listen-address=127.0.0.1:%d" % port,
+    ])
+    processes.wait_port(prometheus, port)
+    url = "http://127.0.0.1:%d" % port
+
+    def not_polled():
+        answer = helpers.get_json(url + "/api/v1/query", {
+            "query": 'ALERTS{alertname="RouterCountersStale", reason="router_not_polled", alertstate="firing"}'
+        })
+        return {s["metric"]["router"] for s in answer["data"]["result"]}
+
+    helpers.wait_until(lambda: not_polled() == {"lab-router", "other-router"}, 30, "both routers' alerts")
+    shutil.copy(EXPECTED_FIXTURES / "site-after-removal.yml", rules / "longhaul-expected.yml")
+    os.kill(prometheus.pid, signal.SIGHUP)
+    helpers.wait_until(lambda: not_polled() == {"other-router"}, 10, "lab-router's alert ended by the deploy")
+    time.sleep(3)
+    assert not_polled() == {"other-router"}

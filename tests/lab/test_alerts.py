@@ -13,15 +13,21 @@ One scenario on the lab's one bring-up (conftest.py), about five minutes:
    retransmits the router's drops cause;
 3. the bottleneck comes back: a resolved message must arrive.
 
+Beside it, alerts of a severity no notification takes, and of none (a site's
+own rules may raise either), must reach the webhook receiver and the mail
+server too, saying their severity.
+
 The lab runs the alerts on short `for:` durations and Alertmanager on short
 group timings (lab/inventory/group_vars/monitoring), with the default
 threshold (70 % of the baseline).
 """
 
+import datetime
 import json
 import re
 import subprocess
 import time
+import urllib.request
 from types import SimpleNamespace
 
 import pytest
@@ -348,3 +354,72 @@ def test_high_retransmits_fires_when_the_bottleneck_drops_packets(scenario):
     assert scenario.high_retransmits, (
         "LonghaulHighRetransmits never fired for %s" % scenario.session
     )
+
+
+# Alerts of a site's own rules, posted to the lab's Alertmanager as Prometheus
+# posts them: a severity no notification takes, and none at all.
+UNROUTED_ALERTS = {
+    "SiteDiskAlmostFull": {"severity": "info", "scope": "host", "instance": "xfer-a"},
+    "SiteWatchdog": {},
+}
+# Alertmanager's group_wait (5 s in the lab) and a delivery, on a busy machine.
+UNROUTED_DELIVERED_WITHIN_S = 120
+
+
+def post_alerts(lab, alerts):
+    request = urllib.request.Request(
+        lab.alertmanager_url + "/api/v2/alerts",
+        data=json.dumps(alerts).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200, answer.status
+
+
+def unrouted_alerts(probe, ends_at=None):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ends = ends_at or now + datetime.timedelta(minutes=10)
+    return [
+        {
+            "labels": {"alertname": name, "probe": probe, **labels},
+            "annotations": {"summary": "%s of a site's own rule" % name},
+            "startsAt": now.isoformat(),
+            "endsAt": ends.isoformat(),
+        }
+        for name, labels in UNROUTED_ALERTS.items()
+    ]
+
+
+def test_alerts_of_another_severity_or_none_reach_the_webhook_and_the_mail_server(provisioned):
+    """They used to go to the root route's receiver, which has no integration:
+    nobody heard of them. Now they reach the lab's default notifications (all
+    of them), and the mail says their severity."""
+    lab = provisioned
+    probe = "unrouted-%d" % time.time_ns()
+    post_alerts(lab, unrouted_alerts(probe))
+    try:
+        def delivered():
+            found = sinks(lab)
+            hooks = {
+                alert["labels"]["alertname"]: alert
+                for hook in found["hooks"]
+                for alert in hook["alerts"]
+                if alert["labels"].get("probe") == probe and alert["status"] == "firing"
+            }
+            mails = [m["text"] for m in found["mails"] if probe in m["text"]]
+            return (hooks, mails) if set(hooks) == set(UNROUTED_ALERTS) and len(mails) == 2 else None
+
+        hooks, mails = wait_until(
+            delivered,
+            UNROUTED_DELIVERED_WITHIN_S,
+            "alerts of severity info and of none at the webhook receiver and the mail server",
+            interval=3,
+        )
+    finally:
+        post_alerts(lab, unrouted_alerts(probe, ends_at=datetime.datetime.now(datetime.timezone.utc)))
+    assert hooks["SiteDiskAlmostFull"]["labels"]["severity"] == "info", hooks
+    assert "severity" not in hooks["SiteWatchdog"]["labels"], hooks
+    text = "\n".join(mails)
+    assert "FIRING: SiteDiskAlmostFull (info)" in text, text
+    assert "FIRING: SiteWatchdog (no severity)" in text, text

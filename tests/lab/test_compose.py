@@ -5,8 +5,9 @@ Telegraf; no registry is reachable), its configuration rendered from the
 Ansible roles by lab/compose/render.yml with the lab's inventory: Prometheus
 scrapes the lab's hosts, Telegraf polls the lab router with SNMPv3. Its
 containers join the lab networks (docker network connect). Checks: first an
-empty stack (no inventory, as before any host is provisioned) raises no
-alert; then, against the lab: every Prometheus target up, Alertmanager
+empty stack (no inventory, as before any host is provisioned) answers a
+query right after `up --wait` returns (its healthchecks: 20 of 20 tries) and
+raises no alert; then, against the lab: every Prometheus target up, Alertmanager
 reached, longhaul and node series present, the router's series
 in InfluxDB (written by Telegraf with its own user, read with the dashboards'
 reader) under the retention policy of the influxdb role, no Grafana in the
@@ -19,9 +20,10 @@ import json
 import os
 import subprocess
 import urllib.error
+import urllib.request
 
 import pytest
-from labkit import INVENTORY, LAB, REPO, Lab, transfer_hosts, wait_until
+from labkit import INVENTORY, LAB, REPO, Lab, basic_auth, transfer_hosts, wait_until
 
 import helpers
 
@@ -31,11 +33,12 @@ UP_TIMEOUT_S = 900
 GENERATED = LAB / "compose" / "generated"
 
 
-def compose(*args, check=True, project=PROJECT):
+def compose(*args, check=True, project=PROJECT, env=None):
     done = subprocess.run(
         ["docker", "compose", "--project-directory", str(REPO), "-p", project, *args],
         capture_output=True,
         text=True,
+        env=env,
     )
     assert not check or done.returncode == 0, "docker compose %s: %s" % (args, done.stderr)
     return done
@@ -44,8 +47,8 @@ def compose(*args, check=True, project=PROJECT):
 @contextlib.contextmanager
 def compose_stack(project, inventory=None):
     """lab/compose/up on free ports (rendered with `inventory`'s hosts and
-    routers, or none), yields the services'
-    URLs, then lab/compose/down. Both stacks render into
+    routers, or none), yields the services' URLs (and under "env" the
+    environment it ran with), then lab/compose/down. Both stacks render into
     lab/compose/generated/: one at a time."""
     ports = {
         "LONGHAUL_PROMETHEUS_PORT": helpers.free_port(),
@@ -68,7 +71,7 @@ def compose_stack(project, inventory=None):
             done.stdout[-3000:],
             done.stderr[-3000:],
         )
-        yield {name: "http://127.0.0.1:%d" % port for name, port in ports.items()}
+        yield {**{name: "http://127.0.0.1:%d" % port for name, port in ports.items()}, "env": env}
     finally:
         subprocess.run(
             [str(LAB / "compose" / "down"), "-p", project],
@@ -78,11 +81,12 @@ def compose_stack(project, inventory=None):
         )
 
 
-@pytest.fixture
-def empty_stack(provisioned):
+@pytest.fixture(scope="module")
+def empty_stack():
     """The stack as a user brings it up before any host is provisioned: no
     inventory, so Prometheus scrapes only itself, Alertmanager and Telegraf.
-    Up and down around its one test, before the lab-backed stack below."""
+    Up and down around its tests, before the lab-backed stack below (it needs
+    no lab)."""
     with compose_stack(PROJECT + "-empty") as urls:
         yield urls
 
@@ -113,12 +117,44 @@ def query(prometheus, expr):
     return answer["data"]["result"]
 
 
-def test_an_empty_stack_raises_no_alert(empty_stack, provisioned):
+# `up -d --wait` followed at once by one query of each service, this many times.
+READY_TRIES = 20
+READY_SERVICES = ("prometheus", "alertmanager", "influxdb")
+
+
+# A slow answer is an answer: the machine may be busy (InfluxDB checks the
+# reader's password with bcrypt, which took over 10 s once on a machine at load
+# 40). What must not happen is a refused or reset connection or an error.
+READY_QUERY_TIMEOUT_S = 60
+
+
+def query_each_service(urls):
+    """One query of each service, no retry: [what failed]."""
+    reader = ("grafana", (GENERATED / "secrets" / "influxdb-grafana-password").read_text().strip())
+    queries = {
+        "prometheus": (urls["LONGHAUL_PROMETHEUS_PORT"] + "/api/v1/query?query=up", None),
+        "alertmanager": (urls["LONGHAUL_ALERTMANAGER_PORT"] + "/api/v2/status", None),
+        "influxdb": (urls["LONGHAUL_INFLUXDB_PORT"] + "/query?q=SHOW+DATABASES", reader),
+    }
+    failed = []
+    for name, (url, credentials) in queries.items():
+        request = urllib.request.Request(url)
+        if credentials:
+            request.add_header("Authorization", basic_auth(*credentials))
+        try:
+            with urllib.request.urlopen(request, timeout=READY_QUERY_TIMEOUT_S) as answer:
+                assert answer.status == 200 and json.load(answer), "empty answer"
+        except (OSError, AssertionError, ValueError) as error:
+            failed.append("%s: %s" % (name, error))
+    return failed
+
+
+def test_an_empty_stack_raises_no_alert(empty_stack):
     """Once every rule group has been evaluated twice, no alert is pending or
     firing: alerts only watch targets that are expected to be up
-    (LonghaulExporterDown used to fire for the missing longhaul job)."""
+    (LonghaulExporterDown used to fire for the missing longhaul job), and
+    an empty inventory expects no router, exporter host or site."""
     url = empty_stack["LONGHAUL_PROMETHEUS_PORT"]
-    wait_until(lambda: provisioned.ready(url + "/-/ready"), 60, "Prometheus ready")
     targets = Lab.get_json(url + "/api/v1/targets")["data"]["activeTargets"]
     assert "longhaul" not in {t["labels"]["job"] for t in targets}, targets
 
@@ -141,9 +177,28 @@ def test_an_empty_stack_raises_no_alert(empty_stack, provisioned):
     assert alerts == [], alerts
 
 
+def test_a_query_right_after_up_wait_succeeds(empty_stack):
+    """`docker compose up -d --wait` returned once the processes ran, before
+    Prometheus, Alertmanager and InfluxDB answered: a script that queried at
+    once failed (after a kill, every time). With each service's healthcheck
+    it returns when they answer: 20 times the three are killed and brought
+    up again, and each time a query of each succeeds at once. (After the
+    empty stack's alert check: the kills make Telegraf's writes fail.)"""
+    failures = []
+    project = PROJECT + "-empty"
+    for attempt in range(READY_TRIES):
+        compose("kill", *READY_SERVICES, project=project, env=empty_stack["env"])
+        compose("up", "-d", "--wait", "--no-deps", *READY_SERVICES, project=project, env=empty_stack["env"])
+        failures += ["try %d: %s" % (attempt + 1, failed) for failed in query_each_service(empty_stack)]
+    assert not failures, "%d of %d tries failed:\n%s" % (
+        len({f.split(":")[0] for f in failures}),
+        READY_TRIES,
+        "\n".join(failures),
+    )
+
+
 def test_every_prometheus_target_is_up(stack):
     lab, prometheus, _ = stack
-    wait_until(lambda: lab.ready(prometheus + "/-/ready"), 60, "Prometheus ready")
 
     def health():
         targets = Lab.get_json(prometheus + "/api/v1/targets")["data"]["activeTargets"]
@@ -262,3 +317,20 @@ def test_the_upstream_images_override_is_well_formed(stack):
         "telegraf:1.34",
     } <= images
     assert not any(image.startswith("longhaul/") for image in images), images
+
+
+@pytest.mark.parametrize("upstream", [False, True], ids=["local images", "upstream images"])
+def test_every_long_running_service_has_a_healthcheck(upstream):
+    """`up --wait` means ready only for services with a healthcheck; the
+    upstream prom/* images have wget, not curl."""
+    files = ["-f", str(REPO / "docker-compose.yml")]
+    if upstream:
+        files += ["-f", str(REPO / "docker-compose.upstream.yml")]
+    services = json.loads(compose(*files, "config", "--format", "json").stdout)["services"]
+    for name, service in services.items():
+        if service.get("restart") == "no":
+            continue  # influxdb-init: runs once, and the others wait for it to complete
+        test = service.get("healthcheck", {}).get("test", [])
+        assert test[:2] in (["CMD", "curl"], ["CMD", "wget"]), (name, service.get("healthcheck"))
+        if upstream and service["image"].startswith("prom/"):
+            assert test[1] == "wget", (name, test)

@@ -2,7 +2,10 @@
 inventory), the monitoring host's Prometheus labels their targets so and
 remote-writes everything to the central Prometheus on the `central` host (the
 prometheus role with prometheus_remote_write_receiver), which thus holds the
-global view: longhaul_session_bytes_total of both sites.
+global view: longhaul_session_bytes_total of both sites. It runs only the
+central rules (rules/central): the sites of the inventory are expected there,
+and LonghaulSiteNotSeen stays quiet while both send; it sends to the
+monitor's Alertmanager.
 """
 
 import pytest
@@ -47,3 +50,26 @@ def test_the_central_prometheus_holds_both_sites_sessions(both_ways):
         "longhaul_session_bytes_total of sites a and b in the central Prometheus",
     )
     print("central Prometheus, sessions by site: %s" % [s["metric"] for s in found])
+
+
+def test_the_central_prometheus_expects_both_sites_and_sees_them(provisioned):
+    lab = provisioned
+    expected = {s["metric"]["site"] for s in lab.promql("longhaul:expected:site", url=lab.central_url)}
+    assert expected == {"a", "b"}, expected
+    rules = {
+        rule["name"]: rule
+        for group in lab.get_json(lab.central_url + "/api/v1/rules")["data"]["groups"]
+        for rule in group["rules"]
+    }
+    assert set(rules) == {"longhaul:expected:site", "LonghaulSiteNotSeen"}, set(rules)
+    assert rules["LonghaulSiteNotSeen"]["health"] == "ok", rules["LonghaulSiteNotSeen"]
+    # Both sites' data arrives: its condition holds for neither.
+    seen = {s["metric"]["site"] for s in lab.promql('group by (site) (up{site!=""})', url=lab.central_url)}
+    assert seen >= {"a", "b"}, seen
+    assert rules["LonghaulSiteNotSeen"]["alerts"] == [], rules["LonghaulSiteNotSeen"]
+    alertmanagers = wait_until(
+        lambda: lab.get_json(lab.central_url + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"],
+        60,
+        "the monitor's Alertmanager among the central Prometheus's",
+    )
+    assert [a["url"] for a in alertmanagers] == ["http://%s:9093/api/v2/alerts" % lab.monitor], alertmanagers
