@@ -623,8 +623,10 @@ def exported(port, name, **labels):
 
 
 # Each crowd is held past every deadline a stalled test meets: the 5 s
-# attach timeout and the 10 s admission deadline.
-FLOOD_HOLD_S = 12.0
+# attach timeout and the 10 s admission deadline. Issue 40 asks for 60 s
+# (LONGHAUL_FLOOD_HOLD=60); CI holds each crowd 12 s, which already spans
+# every deadline and several cycles of cut and reopened tests.
+FLOOD_HOLD_S = float(os.environ.get("LONGHAUL_FLOOD_HOLD", "12"))
 
 
 def test_one_source_stalling_its_tests_cannot_lock_out_the_others(processes):
