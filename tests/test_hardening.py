@@ -199,7 +199,17 @@ def test_control_port_serves_clients_while_strangers_hold_it(processes, token):
         # The stats API tells the flood from the clients: the two sends
         # admitted, the silent crowd expired, nobody pushed out (the pools
         # have room for it) and nothing that was not the protocol.
+        # The crowd's count of cuts can run ahead of the server's count of
+        # expired connections (2 of 3 runs read 335-339 at once; which of the
+        # crowd's reopens the server did not expire is not established): the
+        # server's count reaches 340 by the next admission deadline (10 s),
+        # as the silent crowd and the stalled handshakes come back and are
+        # cut again.
         counts = admission(stats)
+        counted_by = time.monotonic() + 12.0
+        while counts["expired"] < 300 + 40 and time.monotonic() < counted_by:
+            time.sleep(0.2)
+            counts = admission(stats)
         assert counts["admitted"] == 2, counts
         assert counts["expired"] >= 300 + 40, counts
         # The stalled handshakes are failed logins (timeout); the silent
