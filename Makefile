@@ -62,14 +62,14 @@ test-rust:
 
 # Integration tests start real binaries on loopback; the lab has its own stage.
 test-integration:
-	@$(STAGE) test-integration scripts/pytest-run tests --ignore=tests/lab
+	@$(STAGE) test-integration scripts/pytest-run tests --ignore=tests/lab --durations=20
 
 test-roles:
 	@$(STAGE) test-roles scripts/molecule-all
 
 # End-to-end: the lab (two pairs of transfer hosts), provisioned with site.yml.
 test-lab:
-	@$(STAGE) test-lab scripts/pytest-run tests/lab
+	@$(STAGE) test-lab scripts/pytest-run tests/lab --durations=30
 
 # bench-memory builds the baseline engine (BENCH_BASELINE, a git revision) once into
 # $(LONGHAUL_CACHE)/bench-baseline/ and ends with issue 16's targets, PASS/FAIL each.
