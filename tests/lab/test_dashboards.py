@@ -49,16 +49,26 @@ def transfers(provisioned, tmp_path_factory):
         LIVE_SECONDS, LIVE_STREAMS, campaign=LIVE_CAMPAIGN, run=LIVE_RUN
     )
     try:
-        # Live for a while in Prometheus, so rates over $__rate_interval exist.
+        # The live run itself in Prometheus: its session listed with its
+        # campaign and run, and moving. (A rate over every session of xfer-b
+        # was still above zero from the disk campaign's last seconds: on a
+        # loaded machine the live run could then be listed for the first time
+        # after the annotation query's last step, and CI failed on it.)
+        live = 'longhaul_session_info{instance="xfer-b", campaign="%s", run="%s"}' % (
+            LIVE_CAMPAIGN,
+            LIVE_RUN,
+        )
         wait_until(
             lambda: lab.promql(
                 'sum(rate(longhaul_session_bytes_total{instance="xfer-b", direction="receive"}'
-                "[20s])) > 0"
+                "[20s]) and on (session) %s) > 0" % live
             ),
             90,
             "the live transfer in Prometheus",
         )
-        time.sleep(30)
+        # Live for a while, so rates over $__rate_interval exist and an
+        # annotation step (aligned to the step, as Grafana asks) holds it.
+        time.sleep(ANNOTATION_STEP_S + 2 * SCRAPE_S)
         yield started, run, directory, sender
     finally:
         lab.stop_long_transfer(sender)
