@@ -730,10 +730,9 @@ mod tests {
         }
     }
 
-    /// Drops a ticket of a one-handshake pool, its deadline `after` from
-    /// now (negative: past), the pool still holding it or not; returns
-    /// (expired, auth timeouts).
-    fn drop_ticket(after: f64, still_pending: bool) -> (u64, u64) {
+    /// Drops a ticket of a one-handshake pool with `deadline`, the pool
+    /// still holding it or not; returns (expired, auth timeouts).
+    fn drop_ticket(deadline: Instant, still_pending: bool) -> (u64, u64) {
         let pool = Arc::new(OnePool {
             pending: std::sync::Mutex::new(still_pending),
             counters: Counters::default(),
@@ -742,13 +741,6 @@ mod tests {
                 per_second: 1.0,
             }),
         });
-        let now = Instant::now();
-        let offset = Duration::from_secs_f64(after.abs());
-        let deadline = if after < 0.0 {
-            now - offset
-        } else {
-            now + offset
-        };
         drop(Ticket {
             id: 0,
             shared: pool.clone(),
@@ -764,11 +756,15 @@ mod tests {
     fn a_handshake_that_ends_past_its_deadline_before_the_sweep_counts_as_expired() {
         // Its own read timed out before the sweep took it (CI saw 24 of 40
         // stalled logins counted): expired and a timed-out login all the same.
-        assert_eq!(drop_ticket(-0.01, true), (1, 1));
+        let past = Instant::now() - Duration::from_millis(10);
+        assert_eq!(drop_ticket(past, true), (1, 1));
         // The sweep took it first and counted it: not twice.
-        assert_eq!(drop_ticket(-0.01, false), (0, 0));
+        assert_eq!(drop_ticket(past, false), (0, 0));
         // Ended before its deadline (the peer hung up): neither.
-        assert_eq!(drop_ticket(5.0, true), (0, 0));
+        assert_eq!(
+            drop_ticket(Instant::now() + Duration::from_secs(5), true),
+            (0, 0)
+        );
     }
 
     #[test]
