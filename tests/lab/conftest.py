@@ -17,6 +17,7 @@ lab.
 """
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -48,20 +49,48 @@ def lab():
             pytest.fail("%s/%s is missing: run `make build` first" % (dist, binary))
     os.environ.setdefault("LAB_PAIRS", "2")
     handle = Lab()
+    BRING_UP.append(handle)
     handle.reused = os.environ.get("LONGHAUL_LAB_REUSE") == "1"
+
+    def timed(what, step):
+        t0 = time.time()
+        result = step()
+        handle.bring_up.append((what, time.time() - t0))
+        return result
+
     if not handle.reused:
-        handle.script("down")
+        timed("lab/down", lambda: handle.script("down"))
     try:
-        handle.script("up")
-        handle.script("check-path")
+        timed("lab/up", lambda: handle.script("up"))
+        timed("lab/check-path", lambda: handle.script("check-path"))
         if not handle.reused:
-            handle.provision.append(handle.playbook(SITE))
+            handle.provision.append(timed("site.yml (fresh)", lambda: handle.playbook(SITE)))
             if handle.provision[0].rc == 0:
-                handle.provision.append(handle.playbook(SITE))
+                handle.provision.append(timed("site.yml (again)", lambda: handle.playbook(SITE)))
         yield handle
     finally:
         if os.environ.get("LONGHAUL_LAB_KEEP") != "1":
             handle.script("down")
+
+
+# The session's lab, for the summary below.
+BRING_UP = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the lab's bring-up spent its time: each step, and the slowest
+    tasks of each site.yml run (Ansible's profile_tasks, ansible.cfg), so a
+    slow CI stage shows which role to look at."""
+    for handle in BRING_UP:
+        terminalreporter.section("lab bring-up")
+        for what, seconds in handle.bring_up:
+            terminalreporter.write_line("%7.1fs  %s" % (seconds, what))
+        for name, run in zip(("fresh", "again"), handle.provision):
+            slowest = run.slowest_tasks(12)
+            if slowest:
+                terminalreporter.write_line("slowest tasks of site.yml (%s):" % name)
+                for line in slowest:
+                    terminalreporter.write_line("  " + line)
 
 
 @pytest.fixture(scope="session")

@@ -107,6 +107,16 @@ class PlaybookRun:
     def tail(self, lines=60):
         return "\n".join(self.output.splitlines()[-lines:])
 
+    def slowest_tasks(self, count):
+        """The first `count` lines of profile_tasks's table (slowest first):
+        "role : task ---- 12.34s", after the last line of '=' it prints."""
+        lines = self.output.splitlines()
+        rules = [i for i, line in enumerate(lines) if line.startswith("=" * 20)]
+        if not rules:
+            return []
+        table = [line for line in lines[rules[-1] + 1 :] if re.search(r"-+ \d+\.\d+s$", line)]
+        return table[:count]
+
     def changed_tasks(self):
         """ "host: TASK [role : name]" for every task that reported a change."""
         found, task = [], "?"
@@ -143,6 +153,7 @@ class Lab:
             if pair:
                 self.address["xfer-%s%s" % (pair.group(1).lower(), pair.group(2))] = value
         self.provision = []  # PlaybookRun of the first and second site.yml
+        self.bring_up = []  # (step, seconds) of the session's bring-up, for its summary
         self.reused = False  # LONGHAUL_LAB_REUSE=1: a running lab, not a fresh one
 
     @staticmethod
