@@ -309,6 +309,7 @@ def test_every_dashboard_annotates_the_campaign_s_runs(live):
     # Grafana samples an annotation query every step, on step-aligned instants:
     # the range must reach a step past the last run (listed a minute after it).
     time.sleep(max(0, max(end for _, end in run.runs.values()) + step - time.time()))
+    seen = {name: first_seen(stack, name, *span) for name, span in run.runs.items()}
     for name, board in load_dashboards().items():
         regions = dashboard(stack, run, board).annotations("Campaign runs")
         ours = {r["labels"]["run"]: r for r in regions if r["labels"].get("campaign") == CAMPAIGN}
@@ -320,8 +321,8 @@ def test_every_dashboard_annotates_the_campaign_s_runs(live):
             # at most a step after Prometheus first stored it; that may be
             # more than a step after the sender started (CI: started 0.96 s
             # before a step, stored after it, so drawn from the next step).
-            seen = first_seen(stack, run_name, started, ended)
-            assert started - step <= region["start"] <= seen + step, (name, region, started, seen)
+            first = seen[run_name]
+            assert started - step <= region["start"] <= first + step, (name, region, started, first)
             assert ended - step <= region["end"] <= ended + 60 + step, (name, region, ended)
         other = dashboard(
             stack, run, board, chosen={"campaign": "no-such-campaign"}, allow_empty=True
