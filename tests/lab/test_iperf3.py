@@ -28,6 +28,9 @@ STREAMS = 8
 SECONDS = 8
 # tbf's burst and the 5 ms at which the receiver notices its last byte.
 TOLERANCE = 0.03
+# A UDP sender above the bottleneck must offer at least this many times its
+# rate for the run to show the excess dropped.
+MIN_EXCESS = 1.2
 
 ENGINE_SESSIONS = (
     "import urllib.request; "
@@ -240,20 +243,33 @@ def test_udp_below_the_bottleneck_arrives_whole(udp_runs):
 
 
 def test_udp_above_the_bottleneck_arrives_at_its_rate_and_the_rest_is_lost(udp_runs):
+    """What the sender offered is measured, not assumed: on a busy machine its
+    pacing falls short of the asked rate (one CI run offered 281 Mb/s of the
+    400 asked, and the server rightly counted 31 % lost, not half). The loss
+    is judged against what was offered; an offer too close to the bottleneck
+    to show the excess dropped fails naming the sender, not the path."""
     lab, runs, _ = udp_runs
     report, asked = runs["a-to-b-udp-over"]
     assert asked >= 1.5 * lab.bottleneck_bps, (asked, lab.bottleneck_rate)
     received, lost = udp_figures(report)
+    (ours,) = report["iperf3"]["client"]["streams"]
+    seconds = ours["end_time"] - ours["start_time"]
+    assert seconds > 0, ours
+    offered = 8 * ours["bytes"] / seconds
     print(
-        "UDP at %.0f Mb/s over %s: received %.1f Mb/s, %.1f%% lost"
-        % (asked / 1e6, lab.bottleneck_rate, received / 1e6, 100 * lost)
+        "UDP asked at %.0f Mb/s over %s: offered %.1f Mb/s, received %.1f Mb/s, %.1f%% lost"
+        % (asked / 1e6, lab.bottleneck_rate, offered / 1e6, received / 1e6, 100 * lost)
+    )
+    assert offered >= MIN_EXCESS * lab.bottleneck_bps, (
+        "the sender offered only %.1f Mb/s of the %.0f asked, under %.1f times the %s "
+        "bottleneck: the machine starved the sender (a busy CPU), so this run cannot "
+        "show the excess dropped" % (offered / 1e6, asked / 1e6, MIN_EXCESS, lab.bottleneck_rate)
     )
     # tbf lets its burst through at once, then the bottleneck's rate.
     assert 0.85 * lab.bottleneck_bps <= received <= (1 + TOLERANCE) * lab.bottleneck_bps, received
-    # Twice the bottleneck offered: about half lost (the sender may fall a
-    # little short of its rate, never above it).
-    expected = 1 - lab.bottleneck_bps / asked
-    assert expected - 0.1 <= lost <= expected + 0.05, (lost, expected, report["iperf3"]["server"])
+    # The excess over the bottleneck is lost: what tbf did not carry of the offer.
+    expected = 1 - lab.bottleneck_bps / offered
+    assert expected - 0.05 <= lost <= expected + 0.05, (lost, expected, report["iperf3"]["server"])
 
 
 def test_the_receiver_logs_udp_tests(udp_runs):
