@@ -47,8 +47,11 @@ lint:
 	@$(STAGE) lint scripts/lint
 
 # The lab, and Molecule followed by the integration tests, run side by side: each
-# mostly waits (on containers, transfers of a set length, timeouts), and their
-# throughput and timing checks judge what the machine gave them, not a quiet one.
+# mostly waits (on containers, transfers of a set length, timeouts). The lab's
+# throughput checks judge the path's share of what the machine gave them; the
+# integration tests' time bounds passed beside the lab and a release build
+# (issue 43's rehearsals), and a flake there is a bug to fix, not a reason to
+# run them alone.
 test: setup
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory test-rust

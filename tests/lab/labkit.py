@@ -37,13 +37,14 @@ SCRAPE_S = int(MONITORING_VARS["prometheus_global"]["scrape_interval"].rstrip("s
 INFLUX_MIN_S = int(MONITORING_VARS["grafana_datasource_influxdb_time_interval"].rstrip("s"))
 CAMPAIGN = REPO / "ansible" / "campaign.yml"
 VENV_BIN = Path(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul")) / "venv" / "bin"
-# The lab's playbooks (site.yml twice, every campaign) run under Mitogen's
+# The lab's playbooks (site.yml twice, every campaign, test_compose's
+# lab/compose/render.yml: whatever runs with env_for_ansible) run under Mitogen's
 # strategy (scripts/requirements.txt): one Python interpreter per host for the
 # whole run instead of one per task. On a quiet 2-core machine site.yml on the
 # provisioned lab took 61 s with it and 186 s without, a fresh lab 111 s.
-# LONGHAUL_LAB_MITOGEN=0 runs them with plain Ansible, as a user without
-# Mitogen does; Molecule always runs the roles with plain Ansible.
-MITOGEN = os.environ.get("LONGHAUL_LAB_MITOGEN", "1") != "0"
+# LONGHAUL_LAB_MITOGEN=0 (or false, no) runs them with plain Ansible, as a user
+# without Mitogen does; Molecule always runs the roles with plain Ansible.
+MITOGEN = os.environ.get("LONGHAUL_LAB_MITOGEN", "1").lower() not in ("0", "false", "no")
 
 # Generous ceilings: the machine has 2 cores shared with everything else. The first
 # site.yml run installs five hosts (the monitor and a central Prometheus among them):

@@ -223,52 +223,71 @@ def rate_of(campaign_rate):
 
 
 def udp_figures(report):
-    """(rate received in b/s, share of datagrams the server counted lost)."""
+    """(rate the sender offered, rate received, both in b/s; share of
+    datagrams the server counted lost). The offer is the client's own bytes
+    over its sending time: on a busy machine it falls short of the asked rate
+    (one CI run offered 281 of 400 Mb/s), so the path is judged against it."""
     (stream,) = report["iperf3"]["server"]["streams"]
     assert stream["packets"] > 0, stream
-    return report["throughput_bps"], stream["errors"] / stream["packets"]
+    (ours,) = report["iperf3"]["client"]["streams"]
+    seconds = ours["end_time"] - ours["start_time"]
+    assert seconds > 0, ours
+    lost = stream["errors"] / stream["packets"]
+    return 8 * ours["bytes"] / seconds, report["throughput_bps"], lost
+
+
+def starved(offered, asked):
+    """The failure message of a sender that could not pace at its rate."""
+    return (
+        "the sender offered only %.1f Mb/s of the %.0f asked: it could not pace at the "
+        "asked rate on this machine (a busy CPU, or a pacing fault), so this run cannot "
+        "judge the path" % (offered / 1e6, asked / 1e6)
+    )
 
 
 def test_udp_below_the_bottleneck_arrives_whole(udp_runs):
     lab, runs, _ = udp_runs
     report, asked = runs["a-to-b-udp-under"]
     assert asked <= 0.6 * lab.bottleneck_bps, (asked, lab.bottleneck_rate)
-    received, lost = udp_figures(report)
+    offered, received, lost = udp_figures(report)
     print(
-        "UDP at %.0f Mb/s: received %.1f Mb/s, %.2f%% lost"
-        % (asked / 1e6, received / 1e6, 100 * lost)
+        "UDP asked at %.0f Mb/s: offered %.1f Mb/s, received %.1f Mb/s, %.2f%% lost"
+        % (asked / 1e6, offered / 1e6, received / 1e6, 100 * lost)
     )
-    assert abs(received - asked) <= 0.05 * asked, (received, asked)
+    assert offered <= (1 + TOLERANCE) * asked, (offered, asked)
+    assert offered >= 0.95 * asked, starved(offered, asked)
+    # Under the bottleneck, the path carries the whole offer.
+    assert abs(received - offered) <= 0.05 * offered, (received, offered)
     assert lost < 0.01, report["iperf3"]["server"]
 
 
 def test_udp_above_the_bottleneck_arrives_at_its_rate_and_the_rest_is_lost(udp_runs):
-    """What the sender offered is measured, not assumed: on a busy machine its
-    pacing falls short of the asked rate (one CI run offered 281 Mb/s of the
-    400 asked, and the server rightly counted 31 % lost, not half). The loss
-    is judged against what was offered; an offer too close to the bottleneck
+    """The loss is judged against what the sender offered, not the asked rate:
+    one CI run's sender offered 281 of the 400 Mb/s asked and the server
+    rightly counted 31 % lost, not half. An offer too close to the bottleneck
     to show the excess dropped fails naming the sender, not the path."""
     lab, runs, _ = udp_runs
     report, asked = runs["a-to-b-udp-over"]
     assert asked >= 1.5 * lab.bottleneck_bps, (asked, lab.bottleneck_rate)
-    received, lost = udp_figures(report)
-    (ours,) = report["iperf3"]["client"]["streams"]
-    seconds = ours["end_time"] - ours["start_time"]
-    assert seconds > 0, ours
-    offered = 8 * ours["bytes"] / seconds
+    offered, received, lost = udp_figures(report)
     print(
         "UDP asked at %.0f Mb/s over %s: offered %.1f Mb/s, received %.1f Mb/s, %.1f%% lost"
         % (asked / 1e6, lab.bottleneck_rate, offered / 1e6, received / 1e6, 100 * lost)
     )
-    assert offered >= MIN_EXCESS * lab.bottleneck_bps, (
-        "the sender offered only %.1f Mb/s of the %.0f asked, under %.1f times the %s "
-        "bottleneck: the machine starved the sender (a busy CPU), so this run cannot "
-        "show the excess dropped" % (offered / 1e6, asked / 1e6, MIN_EXCESS, lab.bottleneck_rate)
+    # Paced: never above the asked rate (a sender that ignores its rate would
+    # otherwise see its loss judged against its own overshoot).
+    assert offered <= (1 + TOLERANCE) * asked, (offered, asked)
+    assert offered >= MIN_EXCESS * lab.bottleneck_bps, "%s (under %.1f times the %s)" % (
+        starved(offered, asked),
+        MIN_EXCESS,
+        lab.bottleneck_rate,
     )
     # tbf lets its burst through at once, then the bottleneck's rate.
     assert 0.85 * lab.bottleneck_bps <= received <= (1 + TOLERANCE) * lab.bottleneck_bps, received
-    # The excess over the bottleneck is lost: what tbf did not carry of the offer.
-    expected = 1 - lab.bottleneck_bps / offered
+    # What tbf did not carry of the offer is counted lost by the server. The
+    # received rate, not the bottleneck's, is the carried share: tbf counts
+    # the datagrams' headers too (195 Mb/s of payload through 200mbit).
+    expected = 1 - received / offered
     assert expected - 0.05 <= lost <= expected + 0.05, (lost, expected, report["iperf3"]["server"])
 
 
