@@ -25,6 +25,10 @@
 //!   small `503`.
 //! - One request per connection (`Connection: close`), which is all a
 //!   scraper needs and keeps every connection's life bounded.
+//! - With TLS ([`Server::spawn_tls`], rustls), the handshake is part of the
+//!   request head: it counts against [`Limits::header_deadline`] and the
+//!   connection is pending (evictable) until its head is complete. A client
+//!   that speaks plain HTTP to the TLS port gets a plain `400` saying so.
 //!
 //! Why hyper and tokio: docs/http.md.
 
@@ -41,7 +45,14 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use longhaul_admission::{EntryId, PendingSet, SourceKey};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{oneshot, Semaphore};
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+
+/// The rustls this server speaks: build [`Server::spawn_tls`]'s
+/// configuration with it.
+pub use tokio_rustls::rustls;
 
 /// The limits of one server.
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +151,8 @@ pub struct Response {
     pub status: u16,
     pub content_type: String,
     pub body: Bytes,
+    /// More header lines (name, value), e.g. `WWW-Authenticate`.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Response {
@@ -148,7 +161,14 @@ impl Response {
             status,
             content_type: content_type.to_string(),
             body: body.into(),
+            headers: Vec::new(),
         }
+    }
+
+    /// The same answer with one more header line.
+    pub fn with_header(mut self, name: &str, value: &str) -> Response {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
     }
 
     pub fn text(status: u16, body: &str) -> Response {
@@ -248,13 +268,28 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves `listener` on a thread named `name` until shut down.
+    /// Serves `listener` in plain HTTP on a thread named `name` until shut
+    /// down.
     pub fn spawn(
         listener: TcpListener,
         name: &str,
         limits: Limits,
         handler: Handler,
     ) -> std::io::Result<Server> {
+        Server::spawn_tls(listener, name, limits, None, handler)
+    }
+
+    /// The same, over TLS when `tls` is given: every connection must
+    /// complete its handshake (with `tls`'s certificate resolver and client
+    /// verifier) within [`Limits::header_deadline`] of its accept.
+    pub fn spawn_tls(
+        listener: TcpListener,
+        name: &str,
+        limits: Limits,
+        tls: Option<Arc<ServerConfig>>,
+        handler: Handler,
+    ) -> std::io::Result<Server> {
+        let tls = tls.map(TlsAcceptor::from);
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -266,7 +301,7 @@ impl Server {
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || runtime.block_on(serve(listener, limits, handler, stopped)))?;
+            .spawn(move || runtime.block_on(serve(listener, limits, tls, handler, stopped)))?;
         Ok(Server {
             addr,
             stop: Some(stop),
@@ -301,6 +336,7 @@ fn leave(pending: &Pending, id: EntryId) {
 async fn serve(
     listener: TcpListener,
     limits: Limits,
+    tls: Option<TlsAcceptor>,
     handler: Handler,
     mut stopped: oneshot::Receiver<Duration>,
 ) {
@@ -348,6 +384,7 @@ async fn serve(
         let conn = Connection {
             id,
             peer,
+            tls: tls.clone(),
             pending: pending.clone(),
             ledger: ledger.clone(),
             handler: handler.clone(),
@@ -366,6 +403,7 @@ async fn serve(
 struct Connection {
     id: EntryId,
     peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
     pending: Pending,
     ledger: Arc<Ledger>,
     handler: Handler,
@@ -381,11 +419,13 @@ impl Connection {
         self,
         stream: tokio::net::TcpStream,
         limits: Limits,
-        cancelled: oneshot::Receiver<()>,
+        mut cancelled: oneshot::Receiver<()>,
     ) {
+        let accepted = tokio::time::Instant::now();
         let Connection {
             id,
             peer,
+            tls,
             pending,
             ledger,
             handler,
@@ -447,26 +487,97 @@ impl Connection {
                 Ok::<_, Infallible>(to_hyper(answer))
             }
         });
-        let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_deadline)
-            .max_buf_size(limits.max_header_bytes.max(8192))
-            .keep_alive(false);
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        tokio::select! {
-            _ = tokio::time::timeout(limits.connection_deadline, conn) => {}
-            // Only an eviction sends; leaving the pool drops the sender.
-            Ok(()) = cancelled => {}
+        let head_by = accepted + limits.header_deadline;
+        let over_by = accepted + limits.connection_deadline;
+        match tls {
+            None => exchange(stream, service, &limits, head_by, over_by, &mut cancelled).await,
+            Some(acceptor) => {
+                let shaken = tokio::select! {
+                    s = tokio::time::timeout_at(head_by, handshake(&acceptor, stream)) => {
+                        s.ok().flatten()
+                    }
+                    Ok(()) = &mut cancelled => None,
+                };
+                if let Some(stream) = shaken {
+                    exchange(stream, service, &limits, head_by, over_by, &mut cancelled).await;
+                }
+            }
         }
         leave(&pending, id);
     }
 }
 
+/// Reads one request from `io` and writes its answer, within the head's and
+/// the connection's deadlines, unless the connection is evicted first.
+async fn exchange<I, S>(
+    io: I,
+    service: S,
+    limits: &Limits,
+    head_by: tokio::time::Instant,
+    over_by: tokio::time::Instant,
+    cancelled: &mut oneshot::Receiver<()>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: hyper::service::HttpService<Incoming, ResBody = Full<Bytes>, Error = Infallible>,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_by.saturating_duration_since(tokio::time::Instant::now()))
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .keep_alive(false);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::select! {
+        _ = tokio::time::timeout_at(over_by, conn) => {}
+        // Only an eviction sends; leaving the pool drops the sender.
+        Ok(()) = cancelled => {}
+    }
+}
+
+/// What a client that speaks plain HTTP to the TLS port is told (Go's
+/// servers, Prometheus' among them, say the same).
+const PLAIN_TO_TLS: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+/// What a plain-HTTP client may still send after its answer.
+const MAX_DRAINED: usize = 64 << 10;
+
+/// The TLS handshake; None when it fails. A first byte that does not open
+/// a TLS handshake record (22) is a plain-HTTP client: it gets
+/// [`PLAIN_TO_TLS`].
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    mut stream: tokio::net::TcpStream,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0] == 22 => {}
+        Ok(1) => {
+            let _ = stream.write_all(PLAIN_TO_TLS).await;
+            let _ = stream.shutdown().await;
+            // Read what the client sent (bounded, within the caller's
+            // deadline) before closing: closing with it unread would reset
+            // the connection, and the client could lose the answer.
+            let mut sink = [0u8; 4096];
+            let mut left = MAX_DRAINED;
+            while left > 0 {
+                match tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+            return None;
+        }
+        _ => return None,
+    }
+    acceptor.accept(stream).await.ok()
+}
+
 fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
     // Explicit, so HEAD answers carry it too (hyper sends no body for them).
     let length = hyper::header::HeaderValue::from(r.body.len());
-    let mut answer = hyper::Response::new(Full::new(r.body));
+    let mut answer = hyper::Response::new(Full::new(r.body.clone()));
     *answer.status_mut() =
         hyper::StatusCode::from_u16(r.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     if let Ok(v) = hyper::header::HeaderValue::from_str(&r.content_type) {
@@ -475,5 +586,13 @@ fn to_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
     answer
         .headers_mut()
         .insert(hyper::header::CONTENT_LENGTH, length);
+    for (name, value) in &r.headers {
+        if let (Ok(n), Ok(v)) = (
+            hyper::header::HeaderName::from_bytes(name.as_bytes()),
+            hyper::header::HeaderValue::from_str(value),
+        ) {
+            answer.headers_mut().append(n, v);
+        }
+    }
     answer
 }

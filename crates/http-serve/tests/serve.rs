@@ -202,49 +202,12 @@ fn responses_nobody_reads_are_bounded_in_bytes() {
 /// Sends `raw` from `source` (a loopback address) and reads the answer.
 fn exchange_from(server: &Server, source: &str, raw: &[u8]) -> String {
     let from = std::net::SocketAddr::new(source.parse().unwrap(), 0);
-    let mut s = connect_from(from, server.local_addr()).expect("connect");
+    let mut s = longhaul_testkit::connect_from(from, server.local_addr()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(raw).unwrap();
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// std has no bind-then-connect.
-fn connect_from(
-    from: std::net::SocketAddr,
-    to: std::net::SocketAddr,
-) -> std::io::Result<TcpStream> {
-    use std::os::fd::FromRawFd;
-    let addr = |a: std::net::SocketAddr| {
-        let std::net::SocketAddr::V4(v4) = a else {
-            panic!("IPv4 only")
-        };
-        libc::sockaddr_in {
-            sin_family: libc::AF_INET as u16,
-            sin_port: v4.port().to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(*v4.ip()).to_be(),
-            },
-            sin_zero: [0; 8],
-        }
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: a new socket we own, bound and connected with valid addresses.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let s = TcpStream::from_raw_fd(fd);
-        let (f, t) = (addr(from), addr(to));
-        if libc::bind(fd, &f as *const _ as *const libc::sockaddr, len) != 0
-            || libc::connect(fd, &t as *const _ as *const libc::sockaddr, len) != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(s)
-    }
 }
 
 /// One source sending more requests at once than its share gets 503 for

@@ -76,3 +76,44 @@ mod tests {
         std::env::remove_var(ALLOW_SKIP);
     }
 }
+
+/// A TCP connection to `to` from the local address `from` (another
+/// loopback address: "another source"); std has no bind-then-connect.
+pub fn connect_from(
+    from: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    let addr = |a: std::net::SocketAddr| {
+        let std::net::SocketAddr::V4(v4) = a else {
+            panic!("IPv4 only")
+        };
+        libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        }
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket we own, bound and connected with valid addresses.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = std::net::TcpStream::from_raw_fd(fd);
+        let (f, t) = (addr(from), addr(to));
+        if libc::bind(fd, &f as *const _ as *const libc::sockaddr, len) != 0
+            || libc::connect(fd, &t as *const _ as *const libc::sockaddr, len) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(feature = "tls")]
+pub mod tls;

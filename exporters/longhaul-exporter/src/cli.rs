@@ -29,6 +29,10 @@ struct Flags {
     /// (default 8)
     #[arg(long = "web.max-requests", value_name = "N", value_parser = count)]
     max_requests: Option<usize>,
+    /// Web configuration file (Prometheus' format): TLS and basic auth
+    /// (default none: plain HTTP, no authentication)
+    #[arg(long = "web.config.file", value_name = "FILE", value_parser = path)]
+    web_config: Option<PathBuf>,
     /// procfs mount point (default /proc)
     #[arg(long = "path.procfs", value_name = "DIR", value_parser = path)]
     procfs: Option<PathBuf>,
@@ -65,6 +69,10 @@ struct Flags {
     /// Rerun the storcli command this often, in the background (default 5m)
     #[arg(long = "collector.raid.storcli-interval", value_name = "DURATION", value_parser = duration)]
     storcli_interval: Option<Duration>,
+    /// PEM files whose certificates' expiry to export, comma-separated (the
+    /// certificate of --web.config.file is always among them)
+    #[arg(long = "collector.certificates.files", value_name = "FILES", value_parser = path_list)]
+    certificate_files: Option<PathList>,
     /// Start from no collectors
     #[arg(long = "collector.disable-defaults", value_name = "BOOL", num_args = 0..=1,
           require_equals = true, default_missing_value = "true", value_parser = clap::value_parser!(bool))]
@@ -102,6 +110,27 @@ fn duration(v: &str) -> Result<Duration, String> {
         d if d.is_zero() => Err("must be positive".into()),
         d => Ok(d),
     }
+}
+
+/// Certificate files a host lists; more is a mistake.
+const MAX_CERTIFICATE_FILES: usize = 64;
+
+/// Comma-separated paths (a newtype: clap would take a `Vec` for a flag
+/// given several times).
+#[derive(Debug, Clone)]
+struct PathList(Vec<PathBuf>);
+
+fn path_list(v: &str) -> Result<PathList, String> {
+    let paths: Vec<PathBuf> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    if paths.len() > MAX_CERTIFICATE_FILES {
+        return Err(format!("more than {MAX_CERTIFICATE_FILES} files"));
+    }
+    Ok(PathList(paths))
 }
 
 fn port_ranges(v: &str) -> Result<PortRanges, String> {
@@ -214,6 +243,7 @@ fn config(flags: Flags, matches: &ArgMatches) -> Config {
     Config {
         listen_address: flags.listen_address.unwrap_or(d.listen_address),
         max_requests: flags.max_requests.unwrap_or(d.max_requests),
+        web_config: flags.web_config.or(d.web_config),
         procfs: flags.procfs.unwrap_or(d.procfs),
         sysfs: flags.sysfs.unwrap_or(d.sysfs),
         pci_ids: flags.pci_ids.unwrap_or(d.pci_ids),
@@ -228,6 +258,9 @@ fn config(flags: Flags, matches: &ArgMatches) -> Config {
             .filter(|c| !c.is_empty()),
         storcli_timeout: flags.storcli_timeout.unwrap_or(d.storcli_timeout),
         storcli_interval: flags.storcli_interval.unwrap_or(d.storcli_interval),
+        certificate_files: flags
+            .certificate_files
+            .map_or(d.certificate_files, |PathList(p)| p),
         collectors,
     }
 }
@@ -254,7 +287,10 @@ mod tests {
         assert_eq!(cfg.engine_url, "http://127.0.0.1:7401");
         assert!(cfg.tcp_ports.contains(7400) && cfg.tcp_ports.contains(7499));
         assert!(!cfg.tcp_ports.contains(7500));
-        assert_eq!(cfg.collectors, vec!["engine", "raid", "tcp"]);
+        assert_eq!(
+            cfg.collectors,
+            vec!["engine", "raid", "tcp", "certificates"]
+        );
     }
 
     #[test]
@@ -289,17 +325,20 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.sysfs, PathBuf::from("/x/sys"));
         assert_eq!(cfg.procfs, PathBuf::from("/x/proc"));
-        assert_eq!(cfg.collectors, vec!["engine", "raid"]);
+        assert_eq!(cfg.collectors, vec!["engine", "raid", "certificates"]);
         assert!(cfg.tcp_ports.contains(5201) && cfg.tcp_ports.contains(7001));
         let cfg = run(&["--collector.disable-defaults", "--collector.raid"]).unwrap();
         assert_eq!(cfg.collectors, vec!["raid"]);
         let cfg = run(&["--collector.raid=false"]).unwrap();
-        assert_eq!(cfg.collectors, vec!["engine", "tcp"]);
+        assert_eq!(cfg.collectors, vec!["engine", "tcp", "certificates"]);
         // The last switch of a collector wins.
         let cfg = run(&["--no-collector.tcp", "--collector.tcp"]).unwrap();
-        assert_eq!(cfg.collectors, vec!["engine", "raid", "tcp"]);
+        assert_eq!(
+            cfg.collectors,
+            vec!["engine", "raid", "tcp", "certificates"]
+        );
         let cfg = run(&["--collector.tcp", "--no-collector.tcp"]).unwrap();
-        assert_eq!(cfg.collectors, vec!["engine", "raid"]);
+        assert_eq!(cfg.collectors, vec!["engine", "raid", "certificates"]);
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub const DEFAULT_PCI_IDS: &str = "/usr/share/misc/pci.ids";
 pub struct Config {
     pub listen_address: String,
     pub max_requests: usize,
+    /// `--web.config.file`: TLS and basic auth (None: plain, open).
+    pub web_config: Option<PathBuf>,
     pub procfs: PathBuf,
     pub sysfs: PathBuf,
     pub pci_ids: PathBuf,
@@ -50,6 +52,9 @@ pub struct Config {
     pub storcli_command: Option<String>,
     pub storcli_timeout: Duration,
     pub storcli_interval: Duration,
+    /// PEM files whose certificates' expiry the `certificates` collector
+    /// exports (the web config's certificate is added at start).
+    pub certificate_files: Vec<PathBuf>,
     /// Enabled collectors, in registry order (the command line starts from
     /// those on by default).
     pub collectors: Vec<&'static str>,
@@ -60,6 +65,7 @@ impl Default for Config {
         Config {
             listen_address: DEFAULT_LISTEN.into(),
             max_requests: DEFAULT_MAX_REQUESTS,
+            web_config: None,
             procfs: "/proc".into(),
             sysfs: longhaul_topology::DEFAULT_SYSFS.into(),
             pci_ids: DEFAULT_PCI_IDS.into(),
@@ -73,6 +79,7 @@ impl Default for Config {
             storcli_command: None,
             storcli_timeout: DEFAULT_STORCLI_TIMEOUT,
             storcli_interval: DEFAULT_STORCLI_INTERVAL,
+            certificate_files: Vec::new(),
             collectors: Vec::new(),
         }
     }

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use longhaul_http_serve::{Limits, Response, Server};
 
+use longhaul_web_config::{guard, WebConfig};
+
 use crate::metrics::Format;
 use crate::scrape::Exporter;
 
@@ -147,6 +149,7 @@ fn wait_for_signal(sig_fd: i32) -> io::Result<()> {
 pub fn serve(
     listener: TcpListener,
     exporter: Arc<Exporter>,
+    web: WebConfig,
     max_requests: usize,
 ) -> io::Result<()> {
     let sig_fd = install_signal_pipe()?;
@@ -164,11 +167,12 @@ pub fn serve(
         max_response_bytes: MAX_RESPONSE_BYTES,
         max_response_bytes_per_source: MAX_RESPONSE_BYTES / 2,
     };
-    let server = Server::spawn(
+    let server = Server::spawn_tls(
         listener,
         "http",
         limits,
-        Arc::new(move |req| answer(req, &exporter)),
+        web.tls,
+        guard(web.auth, Arc::new(move |req| answer(req, &exporter))),
     )?;
     wait_for_signal(sig_fd)?;
     crate::log("signal received, shutting down");

@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::collector::{Collector, CollectorSpec, Round};
-use crate::collectors::{engine, raid, tcp};
+use crate::collectors::{certificates, engine, raid, tcp};
 use crate::config::Config;
 use crate::metrics::{self, Family, Format};
 use crate::stats::EngineApi;
 
 /// Every collector there is, in output order.
-pub static COLLECTORS: &[CollectorSpec] = &[engine::SPEC, raid::SPEC, tcp::SPEC];
+pub static COLLECTORS: &[CollectorSpec] =
+    &[engine::SPEC, raid::SPEC, tcp::SPEC, certificates::SPEC];
 
 struct Enabled {
     name: &'static str,

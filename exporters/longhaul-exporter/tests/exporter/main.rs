@@ -8,3 +8,4 @@ mod fixtures;
 mod http;
 mod prometheus;
 mod tcp_labels;
+mod web_config;

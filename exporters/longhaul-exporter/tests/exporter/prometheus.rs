@@ -9,11 +9,11 @@ use std::time::Duration;
 use crate::common::*;
 
 /// Prometheus needs a few seconds to start and scrape at 1 s intervals.
-const PROMETHEUS_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const PROMETHEUS_WAIT: Duration = Duration::from_secs(60);
 
-struct Prometheus {
+pub(crate) struct Prometheus {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     _dir: TempDir,
 }
 
@@ -33,14 +33,19 @@ fn free_port() -> u16 {
 }
 
 fn start_prometheus(target: SocketAddr) -> Prometheus {
+    start_prometheus_with(&format!(
+        "  - job_name: longhaul\n    static_configs:\n      - targets: ['{target}']\n"
+    ))
+}
+
+/// A Prometheus scraping every second with `jobs` (entries of
+/// scrape_configs, YAML indented by two).
+pub(crate) fn start_prometheus_with(jobs: &str) -> Prometheus {
     let dir = TempDir::new("prometheus");
     let config = dir.0.join("prometheus.yml");
     fs::write(
         &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
-             scrape_configs:\n  - job_name: longhaul\n    static_configs:\n      - targets: ['{target}']\n"
-        ),
+        format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{jobs}"),
     )
     .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -64,7 +69,7 @@ fn start_prometheus(target: SocketAddr) -> Prometheus {
 
 /// Runs an instant query; returns the result array as JSON text when the
 /// query answers with at least one series.
-fn query(prom: SocketAddr, q: &str) -> Option<serde_json::Value> {
+pub(crate) fn query(prom: SocketAddr, q: &str) -> Option<serde_json::Value> {
     let encoded: String = q
         .bytes()
         .map(|b| match b {
