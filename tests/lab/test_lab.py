@@ -61,12 +61,29 @@ class Transfer:
 
     def __init__(self, directory, run):
         self.directory = directory
-        self.report = json.loads(
-            (directory / ("%s.json" % run)).read_text().strip().splitlines()[-1]
-        )
+        lines = (directory / ("%s.json" % run)).read_text().strip().splitlines()
+        self.report = json.loads(lines[-1])
+        # The --interval lines: (start, end, bytes delivered), seconds from the
+        # data phase's start.
+        self.intervals = [
+            (line["start"], line["end"], line["bytes"])
+            for line in map(json.loads, lines[:-1])
+            if line.get("type") == "interval"
+        ]
         meta = json.loads((directory / ("%s.run.json" % run)).read_text())
         self.end = epoch(meta["end"])
         self.start = self.end - self.report["seconds"]
+
+    def rate_between(self, a, b):
+        """The engine's delivered rate (b/s) over wall-clock [a, b], from its
+        --interval lines (each spread evenly over its own span)."""
+        bits = 0.0
+        for start, end, count in self.intervals:
+            start, end = self.start + start, self.start + end
+            overlap = min(b, end) - max(a, start)
+            if end > start and overlap > 0:
+                bits += 8 * count * overlap / (end - start)
+        return bits / (b - a)
 
 
 # --- provisioning ---------------------------------------------------------------
@@ -262,7 +279,13 @@ def router_panel_points(lab, start, end, title="Out per interface"):
 
 def test_router_rate_is_true_at_every_step(provisioned, memory_run):
     """Every point of the Router traffic panel's rate over the steady part of the
-    35-stream run is within 10 % of the bottleneck's rate: no sawtooth.
+    35-stream run is within 10 % of what the engine delivered then: no sawtooth.
+    The engine's rate is its --interval lines' over a window as long as the
+    panel's, anywhere within the two windows the point is made of (where the
+    router's polls fall in them is not known to a second); the bottleneck's rate
+    is not the measure, since a busy machine can starve the transfer for a few
+    seconds, which the router then rightly shows (a CI run beside a build:
+    173.9 Mb/s where the engine's lines dipped to 91-130 Mb/s).
 
     The router refreshes its counters every second and Telegraf polls every 5 s (a
     multiple), so each poll sees a refresh of the same age; the panel's 15 s window
@@ -288,13 +311,25 @@ def test_router_rate_is_true_at_every_step(provisioned, memory_run):
         )
     )
     assert len(steady) >= 2, "too few steady points: %s of %s" % (steady, points)
-    off = [
-        bps for _, bps in steady if abs(bps - lab.bottleneck_bps) > TOLERANCE * lab.bottleneck_bps
-    ]
-    assert not off, "router rate off the %s bottleneck by more than 10%%: %s" % (
-        lab.bottleneck_rate,
-        [round(bps / 1e6, 1) for _, bps in steady],
+    assert len(memory_run.intervals) >= MEMORY_SECONDS * 0.8, "the run wrote too few --interval lines"
+    w = INFLUX_INTERVAL_S
+    judged = []
+    for t, bps in steady:
+        rates = [memory_run.rate_between(s, s + w) for s in (t - w + k / 2 for k in range(2 * w + 1))]
+        judged.append((t, bps, min(rates), max(rates)))
+    print(
+        "engine over the same windows (Mb/s, lowest-highest): %s"
+        % ["%.1f-%.1f" % (lo / 1e6, hi / 1e6) for _, _, lo, hi in judged]
     )
+    dipped = [round(bps / 1e6, 1) for _, bps, _, _ in judged if bps < (1 - TOLERANCE) * lab.bottleneck_bps]
+    if dipped:
+        print("points under the %s bottleneck (the transfer dipped): %s" % (lab.bottleneck_rate, dipped))
+    off = [
+        (round(bps / 1e6, 1), round(lo / 1e6, 1), round(hi / 1e6, 1))
+        for _, bps, lo, hi in judged
+        if not (1 - TOLERANCE) * lo <= bps <= (1 + TOLERANCE) * hi
+    ]
+    assert not off, "router rate off the engine's by more than 10%% (router, engine low, high): %s" % off
 
 
 def test_router_counters_refresh_every_second(provisioned):

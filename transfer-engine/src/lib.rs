@@ -54,6 +54,7 @@ pub mod session;
 pub mod sockopt;
 pub mod stats_http;
 pub mod stream;
+pub mod ticks;
 pub mod workers;
 
 pub use error::{Error, Result};

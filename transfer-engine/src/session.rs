@@ -393,7 +393,7 @@ fn data_phase_inner(
                         s.sample();
                     }
                     tick(streams, start.elapsed());
-                    next_tick += tick_every;
+                    next_tick = crate::ticks::next_tick(next_tick, tick_every, Instant::now());
                 }
                 if now >= watchdog.next {
                     watchdog.check(streams, now)?;

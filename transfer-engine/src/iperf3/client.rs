@@ -410,7 +410,7 @@ fn run_test(
                     plane: None,
                 });
             }
-            next_tick += every;
+            next_tick = crate::ticks::next_tick(next_tick, every, Instant::now());
         }
         let mut wake = next_tick.min(now + check);
         if let Some(t) = end {

@@ -25,6 +25,11 @@ pub const MAX_RUNS_DRAWN: usize = 12;
 /// the lines did not count (the run ends between two ticks), and lines
 /// after it (ticks while the ends exchange their totals) are left out, so
 /// no tail toward zero is drawn. `None` without lines.
+/// The shortest line drawn as a step of its own, in seconds and as a
+/// share of the run's typical (median) line.
+const MIN_STEP_SECONDS: f64 = 0.05;
+const SLIVER: f64 = 0.25;
+
 pub fn throughput_steps(run: &Run) -> Option<Vec<(f64, f64, f64)>> {
     if run.intervals.is_empty() {
         return None;
@@ -47,6 +52,26 @@ pub fn throughput_steps(run: &Run) -> Option<Vec<(f64, f64, f64)>> {
         }
         last.2 += rest;
     }
+    // Lines over a sliver of the interval join the line before them: an
+    // engine before ticks.rs drew one of microseconds after a late tick on
+    // a busy host (its bytes made a spike of millions of Tb/s), and a line
+    // of a tenth of the interval after a late tick still has its
+    // acknowledgements in bursts.
+    let mut lengths: Vec<f64> = steps.iter().map(|s| s.1 - s.0).collect();
+    lengths.sort_by(f64::total_cmp);
+    let typical = lengths.get(lengths.len() / 2).copied().unwrap_or(0.0);
+    let shortest = (typical * SLIVER).max(MIN_STEP_SECONDS);
+    let mut joined: Vec<(f64, f64, f64)> = Vec::with_capacity(steps.len());
+    for s in steps {
+        match joined.last_mut() {
+            Some(prev) if s.1 - s.0 < shortest => {
+                prev.1 = s.1;
+                prev.2 += s.2;
+            }
+            _ => joined.push(s),
+        }
+    }
+    let mut steps = joined;
     // A sliver of an interval at the end (the run ended just after a tick)
     // joins the one before: over a few ms, acknowledgements come in bursts.
     if let [.., prev, last] = steps.as_slice() {
@@ -897,6 +922,39 @@ mod tests {
         assert!((steps[2].2 - 150.0 * 8.0 / 1.05).abs() < 1e-6, "{steps:?}");
         let total: f64 = steps.iter().map(|s| s.2 / 8.0 * (s.1 - s.0)).sum();
         assert!((total - 350.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_line_over_almost_no_time_joins_the_one_before() {
+        // A CI run's lines after a late tick: 41.6-43.748, then a catch-up
+        // tick at 43.748 with 26.8 kB in a few microseconds.
+        let r = run(
+            json!({"seconds": 45.0, "bytes": 3_000_000}),
+            &[
+                (41.6, 43.748, 2_000_000),
+                (43.748, 43.748_001, 26_844),
+                (43.748_001, 45.0, 973_156),
+            ],
+        );
+        let steps = throughput_steps(&r).unwrap();
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        assert_eq!((steps[0].0, steps[0].1), (41.6, 43.748_001));
+        assert!(steps.iter().all(|s| s.2 < 10e6), "{steps:?}");
+        let total: f64 = steps.iter().map(|s| s.2 / 8.0 * (s.1 - s.0)).sum();
+        assert!((total - 3_000_000.0).abs() < 1e-3, "{total}");
+        // And a tenth of a second after a late tick joins too.
+        let r = run(
+            json!({"seconds": 13.0, "bytes": 300}),
+            &[
+                (9.0, 10.9, 100),
+                (10.9, 11.0, 100),
+                (11.0, 12.0, 50),
+                (12.0, 13.0, 50),
+            ],
+        );
+        let steps = throughput_steps(&r).unwrap();
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        assert_eq!((steps[0].0, steps[0].1), (9.0, 11.0));
     }
 
     #[test]
