@@ -132,6 +132,15 @@ impl ProofBudget {
         }
     }
 
+    /// Whether a proof from `ip` would have to wait for a token now (its
+    /// source's bucket is empty); takes nothing.
+    pub fn would_wait(&self, ip: IpAddr) -> bool {
+        let buckets = self.lock();
+        buckets
+            .get(&SourceKey::of(ip))
+            .is_some_and(|b| self.refilled(b, Instant::now()) < 1.0)
+    }
+
     /// Waits until `ip`'s source may have a proof checked, or `until`
     /// passes (None: the handshake ran out of time while slowed down).
     pub fn turn(self: &Arc<Self>, ip: IpAddr, until: Instant) -> Option<ProofTurn> {

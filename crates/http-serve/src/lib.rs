@@ -29,6 +29,8 @@
 //!   request head: it counts against [`Limits::header_deadline`] and the
 //!   connection is pending (evictable) until its head is complete. A client
 //!   that speaks plain HTTP to the TLS port gets a plain `400` saying so.
+//! - A [`Precheck`] answers requests before they take a handler slot (basic
+//!   auth turning strangers away), on the server's thread.
 //!
 //! Why hyper and tokio: docs/http.md.
 
@@ -260,6 +262,13 @@ impl Drop for Hold {
 /// What answers requests.
 pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 
+/// Looked at before a request takes a handler slot, on the server's own
+/// thread, so it must be quick and never block: `Some(answer)` is the
+/// answer, and no handler runs. A server with basic auth turns strangers
+/// away here (no credentials, a refused password it remembers, a source
+/// slowed down), so their requests never hold a slot a scraper needs.
+pub type Precheck = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>;
+
 /// A running server; [`Server::shutdown`] stops it.
 pub struct Server {
     addr: SocketAddr,
@@ -276,18 +285,20 @@ impl Server {
         limits: Limits,
         handler: Handler,
     ) -> std::io::Result<Server> {
-        Server::spawn_tls(listener, name, limits, None, handler)
+        Server::spawn_tls(listener, name, limits, None, handler, None)
     }
 
     /// The same, over TLS when `tls` is given: every connection must
     /// complete its handshake (with `tls`'s certificate resolver and client
-    /// verifier) within [`Limits::header_deadline`] of its accept.
+    /// verifier) within [`Limits::header_deadline`] of its accept; and with
+    /// `precheck`, requests it answers take no handler slot.
     pub fn spawn_tls(
         listener: TcpListener,
         name: &str,
         limits: Limits,
         tls: Option<Arc<ServerConfig>>,
         handler: Handler,
+        precheck: Option<Precheck>,
     ) -> std::io::Result<Server> {
         let tls = tls.map(TlsAcceptor::from);
         let addr = listener.local_addr()?;
@@ -301,7 +312,9 @@ impl Server {
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || runtime.block_on(serve(listener, limits, tls, handler, stopped)))?;
+            .spawn(move || {
+                runtime.block_on(serve(listener, limits, tls, handler, precheck, stopped))
+            })?;
         Ok(Server {
             addr,
             stop: Some(stop),
@@ -338,6 +351,7 @@ async fn serve(
     limits: Limits,
     tls: Option<TlsAcceptor>,
     handler: Handler,
+    precheck: Option<Precheck>,
     mut stopped: oneshot::Receiver<Duration>,
 ) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -388,6 +402,7 @@ async fn serve(
             pending: pending.clone(),
             ledger: ledger.clone(),
             handler: handler.clone(),
+            precheck: precheck.clone(),
         };
         tokio::spawn(async move {
             conn.run(stream, limits, cancelled).await;
@@ -407,6 +422,7 @@ struct Connection {
     pending: Pending,
     ledger: Arc<Ledger>,
     handler: Handler,
+    precheck: Option<Precheck>,
 }
 
 /// Whole KiB that hold `bytes`, as semaphore permits.
@@ -429,6 +445,7 @@ impl Connection {
             pending,
             ledger,
             handler,
+            precheck,
         } = self;
         let head_pending = pending.clone();
         let source = SourceKey::of(peer.ip());
@@ -446,10 +463,14 @@ impl Connection {
             leave(&head_pending, id);
             let (parts, _body) = req.into_parts();
             let request = Request { parts, peer };
+            let early = precheck.as_ref().and_then(|p| p(&request));
             let handler = handler.clone();
             let ledger = ledger.clone();
             let holds = holds.clone();
             async move {
+                if let Some(answer) = early {
+                    return Ok::<_, Infallible>(to_hyper(answer));
+                }
                 let handlers = Share {
                     handlers: 1,
                     kib: 0,

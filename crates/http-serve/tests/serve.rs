@@ -286,3 +286,41 @@ fn one_source_cannot_hold_every_response_byte() {
     assert!(other.len() > BIG);
     drop(silent);
 }
+
+/// A request the precheck answers takes no handler slot: with the only
+/// slot held by a slow request, it is still answered at once (not 503).
+#[test]
+fn a_precheck_answers_without_a_handler_slot() {
+    let limits = Limits {
+        max_in_flight: 1,
+        max_in_flight_per_source: 1,
+        ..Limits::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let precheck: longhaul_http_serve::Precheck =
+        Arc::new(|req| (req.path() == "/deny").then(|| Response::text(401, "no\n")));
+    let server =
+        Server::spawn_tls(listener, "test-http", limits, None, echo(), Some(precheck)).unwrap();
+    let addr = server.local_addr();
+    let slow = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let denied = exchange(&server, b"GET /deny HTTP/1.1\r\n\r\n");
+    assert!(denied.starts_with("HTTP/1.1 401"), "{denied}");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    // Without the precheck's answer, the slot is taken: 503.
+    let other = exchange(&server, b"GET /other HTTP/1.1\r\n\r\n");
+    assert!(other.starts_with("HTTP/1.1 503"), "{other}");
+    assert!(slow.join().unwrap().starts_with("HTTP/1.1 200"));
+    server.shutdown(Duration::from_secs(1));
+}

@@ -39,6 +39,7 @@ fn start(limits: Limits, ca: &TestCa) -> Server {
         limits,
         Some(tls),
         Arc::new(|req| Response::text(200, &format!("{} {}\n", req.method(), req.path()))),
+        None,
     )
     .unwrap()
 }

@@ -12,9 +12,13 @@
 //!   failed-proof budget, as the engine's login): beyond, `429` without
 //!   bcrypt;
 //! - one bcrypt runs at a time, and one more request may wait for it (up
-//!   to [`PATIENCE`]); others get `503` at once. So checks hold at most two
-//!   of the server's handler slots, and a scraper whose password is
-//!   remembered is answered however many addresses guess.
+//!   to [`PATIENCE`]); others get `503` at once;
+//! - all that needs no bcrypt is answered by [`BasicAuth::precheck`] before
+//!   the request takes a handler slot ([`guard`]'s precheck).
+//!
+//! So guesses hold at most two of the server's handler slots, and a
+//! scraper whose password is remembered is answered however many addresses
+//! guess.
 //!
 //! What stays: guessers at many addresses can keep the one bcrypt busy, and
 //! so delay a scraper's first login after a restart (it gets `503` until
@@ -28,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use longhaul_admission::{ProofBudget, ProofLimits};
-use longhaul_http_serve::{Handler, Request, Response};
+use longhaul_http_serve::{Handler, Precheck, Request, Response};
 use sha2::{Digest, Sha256};
 use yaml_rust2::Yaml;
 
@@ -120,13 +124,18 @@ fn bcrypt_cost(hash: &str) -> Option<u32> {
     .then_some(cost)
 }
 
+/// Credentials as read from a header: the password, the hash to check it
+/// against, whether the user exists, and the key they are remembered by.
+struct Presented<'a> {
+    password: String,
+    hash: &'a str,
+    known: bool,
+    key: [u8; 32],
+}
+
 impl BasicAuth {
-    /// Whether an `Authorization` header's value, sent from `from`, names a
-    /// user and their password.
-    pub fn check(&self, authorization: Option<&str>, from: std::net::IpAddr) -> Verdict {
-        let Some((user, password)) = authorization.and_then(credentials) else {
-            return Verdict::Refused;
-        };
+    fn presented(&self, authorization: Option<&str>) -> Option<Presented<'_>> {
+        let (user, password) = authorization.and_then(credentials)?;
         let (hash, known) = match self.users.get(&user) {
             Some(h) => (h.as_str(), true),
             None => (self.decoy.as_str(), false),
@@ -136,7 +145,51 @@ impl BasicAuth {
             key.update((part.len() as u64).to_le_bytes());
             key.update(part);
         }
-        let key: [u8; 32] = key.finalize().into();
+        Some(Presented {
+            password,
+            hash,
+            known,
+            key: key.finalize().into(),
+        })
+    }
+
+    /// What is known without bcrypt: the verdict on credentials missing or
+    /// remembered wrong, on a source slowed down, on bcrypt too busy;
+    /// `None` when only bcrypt can tell, or when they are remembered right
+    /// (the request goes on to its handler, whose [`BasicAuth::check`]
+    /// lets it in). Takes nothing: it runs on the server's own thread
+    /// before a handler slot is taken ([`longhaul_http_serve::Precheck`]).
+    pub fn precheck(&self, authorization: Option<&str>, from: std::net::IpAddr) -> Option<Verdict> {
+        let Some(p) = self.presented(authorization) else {
+            return Some(Verdict::Refused);
+        };
+        if p.known && lock(&self.verified).contains(&p.key) {
+            return None;
+        }
+        if lock(&self.refused).contains(&p.key) {
+            return Some(Verdict::Refused);
+        }
+        if self.guesses.would_wait(from) {
+            return Some(Verdict::SlowedDown);
+        }
+        if self.bcrypt.full() {
+            return Some(Verdict::Busy);
+        }
+        None
+    }
+
+    /// Whether an `Authorization` header's value, sent from `from`, names a
+    /// user and their password.
+    pub fn check(&self, authorization: Option<&str>, from: std::net::IpAddr) -> Verdict {
+        let Some(Presented {
+            password,
+            hash,
+            known,
+            key,
+        }) = self.presented(authorization)
+        else {
+            return Verdict::Refused;
+        };
         if known && lock(&self.verified).contains(&key) {
             return Verdict::Allowed;
         }
@@ -191,6 +244,12 @@ struct GateState {
 struct Running<'a>(&'a Gate);
 
 impl Gate {
+    /// Whether a bcrypt runs and another request waits for it.
+    fn full(&self) -> bool {
+        let s = lock(&self.state);
+        s.running && s.waiting
+    }
+
     /// The turn, at once or after waiting up to `patience` (None: another
     /// request waits already, or the turn did not come in time).
     fn enter(&self, patience: Duration) -> Option<Running<'_>> {
@@ -237,26 +296,42 @@ fn credentials(value: &str) -> Option<(String, String)> {
     Some((user.to_string(), password.to_string()))
 }
 
-/// `handler` behind `auth`: without the right credentials, `401` with a
-/// `WWW-Authenticate` challenge, and the handler is not called.
-pub fn guard(auth: Option<Arc<BasicAuth>>, handler: Handler) -> Handler {
-    let Some(auth) = auth else {
-        return handler;
-    };
-    Arc::new(
-        move |req: &Request| match auth.check(req.header("authorization"), req.peer.ip()) {
-            Verdict::Allowed => handler(req),
-            Verdict::Refused => Response::text(401, "Unauthorized\n")
-                .with_header("WWW-Authenticate", "Basic realm=\"longhaul\""),
-            Verdict::SlowedDown => Response::text(
-                429,
-                "too many failed logins from this address; one more a second\n",
-            )
+/// The answer to credentials that do not get in.
+fn refusal(verdict: Verdict) -> Response {
+    match verdict {
+        Verdict::Allowed | Verdict::Refused => Response::text(401, "Unauthorized\n")
+            .with_header("WWW-Authenticate", "Basic realm=\"longhaul\""),
+        Verdict::SlowedDown => Response::text(
+            429,
+            "too many failed logins from this address; one more a second\n",
+        )
+        .with_header("Retry-After", "1"),
+        Verdict::Busy => Response::text(503, "busy checking other logins; try again\n")
             .with_header("Retry-After", "1"),
-            Verdict::Busy => Response::text(503, "busy checking other logins; try again\n")
-                .with_header("Retry-After", "1"),
-        },
-    )
+    }
+}
+
+/// `handler` behind `auth`, and the precheck that turns strangers away
+/// before they take a handler slot: without the right credentials, `401`
+/// with a `WWW-Authenticate` challenge (or `429`/`503`, see the module),
+/// and the handler is not called.
+pub fn guard(auth: Option<Arc<BasicAuth>>, handler: Handler) -> (Handler, Option<Precheck>) {
+    let Some(auth) = auth else {
+        return (handler, None);
+    };
+    let early = auth.clone();
+    let precheck: Precheck = Arc::new(move |req: &Request| {
+        early
+            .precheck(req.header("authorization"), req.peer.ip())
+            .map(refusal)
+    });
+    let guarded: Handler = Arc::new(move |req: &Request| {
+        match auth.check(req.header("authorization"), req.peer.ip()) {
+            Verdict::Allowed => handler(req),
+            other => refusal(other),
+        }
+    });
+    (guarded, Some(precheck))
 }
 
 #[cfg(test)]
@@ -354,6 +429,39 @@ mod tests {
         std::thread::sleep(Duration::from_millis(1100));
         let later = header("prometheus", "guess-later");
         assert_eq!(a.check(Some(&later), ip(2)), Verdict::Refused);
+    }
+
+    #[test]
+    fn the_precheck_tells_what_needs_no_bcrypt_and_takes_nothing() {
+        let a = auth(&[("prometheus", "right")]);
+        let right = header("prometheus", "right");
+        assert_eq!(a.precheck(None, ip(1)), Some(Verdict::Refused));
+        assert_eq!(a.precheck(Some("Bearer x"), ip(1)), Some(Verdict::Refused));
+        // Not known yet: only bcrypt can tell.
+        assert_eq!(a.precheck(Some(&right), ip(1)), None);
+        assert_eq!(a.check(Some(&right), ip(1)), Verdict::Allowed);
+        assert_eq!(a.precheck(Some(&right), ip(1)), None);
+        // A wrong password, once refused, is refused without bcrypt.
+        let wrong = header("prometheus", "wrong");
+        assert_eq!(a.precheck(Some(&wrong), ip(2)), None);
+        assert_eq!(a.check(Some(&wrong), ip(2)), Verdict::Refused);
+        assert_eq!(a.precheck(Some(&wrong), ip(2)), Some(Verdict::Refused));
+        // A source out of failed checks is slowed down; the precheck took
+        // none of its tokens (only checks do).
+        for n in 1..GUESSES {
+            let guess = header("prometheus", &format!("guess{n}"));
+            assert_eq!(a.precheck(Some(&guess), ip(2)), None);
+            assert_eq!(a.check(Some(&guess), ip(2)), Verdict::Refused);
+        }
+        let more = header("prometheus", "more");
+        assert_eq!(a.precheck(Some(&more), ip(2)), Some(Verdict::SlowedDown));
+        assert_eq!(a.precheck(Some(&more), ip(3)), None);
+        // bcrypt running with one waiting: busy, for a new password only.
+        let _running = a.bcrypt.enter(PATIENCE).unwrap();
+        lock(&a.bcrypt.state).waiting = true;
+        assert_eq!(a.precheck(Some(&more), ip(3)), Some(Verdict::Busy));
+        assert_eq!(a.precheck(Some(&right), ip(3)), None);
+        lock(&a.bcrypt.state).waiting = false;
     }
 
     #[test]

@@ -167,13 +167,8 @@ pub fn serve(
         max_response_bytes: MAX_RESPONSE_BYTES,
         max_response_bytes_per_source: MAX_RESPONSE_BYTES / 2,
     };
-    let server = Server::spawn_tls(
-        listener,
-        "http",
-        limits,
-        web.tls,
-        guard(web.auth, Arc::new(move |req| answer(req, &exporter))),
-    )?;
+    let (handler, precheck) = guard(web.auth, Arc::new(move |req| answer(req, &exporter)));
+    let server = Server::spawn_tls(listener, "http", limits, web.tls, handler, precheck)?;
     wait_for_signal(sig_fd)?;
     crate::log("signal received, shutting down");
     server.shutdown(SHUTDOWN_GRACE);

@@ -19,17 +19,17 @@ use super::page::{esc, run_label, short, Figure};
 /// per-stream figure: beyond a dozen the figures stop being readable.
 pub const MAX_RUNS_DRAWN: usize = 12;
 
+/// The shortest line drawn as a step of its own, as a share of the run's
+/// typical (median) line.
+const SLIVER: f64 = 0.25;
+
 /// One run's throughput over time as steps `(start, end, bits/s)` from its
 /// `--interval` lines, ending at the run's measured duration: the last
 /// line before it is stretched or cut to end there and carries the bytes
 /// the lines did not count (the run ends between two ticks), and lines
 /// after it (ticks while the ends exchange their totals) are left out, so
-/// no tail toward zero is drawn. `None` without lines.
-/// The shortest line drawn as a step of its own, in seconds and as a
-/// share of the run's typical (median) line.
-const MIN_STEP_SECONDS: f64 = 0.05;
-const SLIVER: f64 = 0.25;
-
+/// no tail toward zero is drawn; a line over a sliver of the interval
+/// joins the one before. `None` without lines.
 pub fn throughput_steps(run: &Run) -> Option<Vec<(f64, f64, f64)>> {
     if run.intervals.is_empty() {
         return None;
@@ -60,7 +60,7 @@ pub fn throughput_steps(run: &Run) -> Option<Vec<(f64, f64, f64)>> {
     let mut lengths: Vec<f64> = steps.iter().map(|s| s.1 - s.0).collect();
     lengths.sort_by(f64::total_cmp);
     let typical = lengths.get(lengths.len() / 2).copied().unwrap_or(0.0);
-    let shortest = (typical * SLIVER).max(MIN_STEP_SECONDS);
+    let shortest = typical * SLIVER;
     let mut joined: Vec<(f64, f64, f64)> = Vec::with_capacity(steps.len());
     for s in steps {
         match joined.last_mut() {
@@ -736,24 +736,20 @@ pub fn fig_prometheus(
     figs
 }
 
-/// One run's throughput over absolute time: (start, end, bits/s) of each
-/// interval line (or the whole run at its average), scaled by `share`.
+/// One run's throughput over absolute time: its [`throughput_steps`] (or
+/// the whole run at its average), scaled by `share`.
 fn run_steps(run: &Run, share: f64) -> Vec<(f64, f64, f64)> {
     let t0 = field(&run.result, "started_unix");
-    if run.intervals.is_empty() {
-        let secs = field(&run.result, "seconds");
-        return vec![(t0, t0 + secs, field(&run.result, "throughput_bps") * share)];
+    match throughput_steps(run) {
+        Some(steps) => steps
+            .into_iter()
+            .map(|(a, b, bps)| (t0 + a, t0 + b, bps * share))
+            .collect(),
+        None => {
+            let secs = field(&run.result, "seconds");
+            vec![(t0, t0 + secs, field(&run.result, "throughput_bps") * share)]
+        }
     }
-    run.intervals
-        .iter()
-        .map(|iv| {
-            (
-                t0 + field(iv, "start"),
-                t0 + field(iv, "end"),
-                field(iv, "throughput_bps") * share,
-            )
-        })
-        .collect()
 }
 
 /// The sum of overlapping steps as one step line, in seconds since `t0`.
@@ -955,6 +951,12 @@ mod tests {
         let steps = throughput_steps(&r).unwrap();
         assert_eq!(steps.len(), 3, "{steps:?}");
         assert_eq!((steps[0].0, steps[0].1), (9.0, 11.0));
+        // Lines of 40 ms (--interval 40ms) are all steps of their own.
+        let lines: Vec<(f64, f64, u64)> = (0..250)
+            .map(|i| (i as f64 * 0.04, (i + 1) as f64 * 0.04, 1000))
+            .collect();
+        let r = run(json!({"seconds": 10.0, "bytes": 250_000}), &lines);
+        assert_eq!(throughput_steps(&r).unwrap().len(), 250);
     }
 
     #[test]
