@@ -14,7 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = REPO / "roles"
-SECRET = re.compile(r"\{[{%][^}%]*(password|secret|token|community|passphrase)[^}%]*[}%]\}", re.I)
+SECRET = re.compile(r"\{[{%][^}%]*(password|secret|token|community|passphrase|basic_auth)[^}%]*[}%]\}", re.I)
 # Variables that name where a secret is, not the secret itself.
 SECRET_PATHS = re.compile(r"\b(_longhaul_engine_token_file|_lab_router_snmp_cache_secret)\b")
 INCLUDE = re.compile(r"\{%-?\s*include\s+['\"]([^'\"]+)['\"]")
