@@ -166,15 +166,25 @@ HASH = "$2b$12$" + "a" * 53
 TLS = {"cert_file": "/etc/ssl/certs/longhaul-host.pem", "key_file": "/etc/ssl/private/k.key"}
 
 
+# The roles that serve the web configuration format, and their variables' prefix.
+WEB_ROLES = {
+    "node_exporter": "node_exporter",
+    "longhaul_exporter": "longhaul_exporter",
+    "prometheus": "prometheus_web",
+    "alertmanager": "alertmanager_web",
+}
+
+
 def exporter_tls(role, users, **tls):
     """The role's TLS and user variables, named as that role names them."""
-    found = {"%s_basic_auth_users" % role: users}
+    prefix = WEB_ROLES[role]
+    found = {"%s_basic_auth_users" % prefix: users}
     for key, value in tls.items():
-        found["%s_tls_%s" % (role, key)] = value
+        found["%s_tls_%s" % (prefix, key)] = value
     return found
 
 
-@pytest.mark.parametrize("role", ["node_exporter", "longhaul_exporter"])
+@pytest.mark.parametrize("role", sorted(WEB_ROLES))
 @pytest.mark.parametrize(
     "users, tls",
     [
@@ -195,11 +205,16 @@ def test_the_exporter_roles_refuse_passwords_they_cannot_guard(tmp_path, role, u
     assert "needs TLS (passwords must not cross the network in clear)" in output, output[-3000:]
 
 
-@pytest.mark.parametrize("role", ["node_exporter", "longhaul_exporter"])
+@pytest.mark.parametrize("role", sorted(WEB_ROLES))
 def test_the_exporter_roles_take_tls_with_bcrypt_users(tmp_path, role):
     # a user name YAML reads as a number is a user name too
     users = {"prometheus": HASH, 1234: "$2y$04$" + "b" * 53}
-    passed, output = preflight(tmp_path, role, **exporter_tls(role, users, **TLS))
+    # Prometheus' self-scrape must get through its own door: the CA and a user of its own
+    own = {
+        "prometheus_scrape_tls_ca_file": "/usr/local/share/ca-certificates/longhaul-ca.crt",
+        "prometheus_scrape_basic_auth": {"username": "prometheus", "password": "p" * 32},
+    } if role == "prometheus" else {}
+    passed, output = preflight(tmp_path, role, **exporter_tls(role, users, **TLS), **own)
     assert passed, output[-3000:]
 
 
@@ -256,3 +271,18 @@ def test_the_pki_role_keeps_its_secrets_out_of_the_inventory(tmp_path):
         assert (done.returncode != 0) == refused, output[-3000:]
         if refused:
             assert "Ansible would read the CA and the passwords as inventory" in output, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_basic_auth": {"username": "x", "password": "p" * 32}},
+    ],
+    ids=["self-scrape-without-the-ca", "self-scrape-as-a-stranger"],
+)
+def test_the_prometheus_role_refuses_a_self_scrape_its_own_door_refuses(tmp_path, overrides):
+    web = exporter_tls("prometheus", {"prometheus": HASH}, **TLS)
+    passed, output = preflight(tmp_path, "prometheus", **web, **overrides)
+    assert not passed, output[-3000:]
+    assert "with prometheus_self_scrape, TLS" in output, output[-3000:]

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -164,10 +165,12 @@ class Lab:
         self.env = env
         self.prefix = env["LAB_PREFIX"]
         self.monitor = env["LAB_IP_MONITOR_A"]
-        self.prometheus_url = "http://%s:9090" % self.monitor
-        self.alertmanager_url = "http://%s:9093" % self.monitor
+        # site.yml's TLS (roles/longhaul_pki): Prometheus and Alertmanager answer https
+        # to the admin user only, with a certificate of the inventory's CA.
+        self.prometheus_url = "https://%s:9090" % self.monitor
+        self.alertmanager_url = "https://%s:9093" % self.monitor
         self.influxdb_url = "http://%s:8086" % self.monitor
-        self.central_url = "http://%s:9090" % env["LAB_IP_CENTRAL"]
+        self.central_url = "https://%s:9090" % env["LAB_IP_CENTRAL"]
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
@@ -320,15 +323,24 @@ class Lab:
 
     # --- monitoring APIs (the same shapes as tests/stack.py's Stack) ---------------
     @staticmethod
-    def get_json(url, params=None, auth=None):
-        """GET a JSON answer; auth=(user, password) for HTTP basic authentication."""
+    def get_json(url, params=None, auth=None, data=None, method=None):
+        """A JSON answer; auth=(user, password) for HTTP basic authentication, by
+        default the admin user's for an https URL (the lab's Prometheus and
+        Alertmanager), whose certificate is checked against the lab's CA. `data`
+        (JSON) is sent with the request."""
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        request = urllib.request.Request(url)
+        body = None if data is None else json.dumps(data).encode()
+        request = urllib.request.Request(url, data=body, method=method)
+        if body is not None:
+            request.add_header("Content-Type", "application/json")
+        if auth is None and url.startswith("https://"):
+            auth = admin()
         if auth:
             request.add_header("Authorization", basic_auth(*auth))
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
-            return json.load(answer)
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=tls_context()) as answer:
+            raw = answer.read()
+            return json.loads(raw) if raw else None
 
     def promql(self, expr, at=None, url=None):
         """Instant query of the monitor's Prometheus (or the one at `url`)."""
@@ -377,7 +389,10 @@ class Lab:
         return [a for a in found if a["labels"].get("alertname") == name]
 
     def ready(self, url):
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
+        request = urllib.request.Request(url)
+        if url.startswith("https://"):
+            request.add_header("Authorization", basic_auth(*admin()))
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=tls_context()) as answer:
             return answer.status in (200, 204)
 
     def path_check(self, start, end, rate_bps):
@@ -399,6 +414,21 @@ class Lab:
             for alert in rule.get("alerts", [])
         }
         return states
+
+
+# The controller's secrets site.yml keeps for the lab (roles/longhaul_pki).
+SECRETS = INVENTORY / ".longhaul-secrets"
+
+
+def admin():
+    """(user, password) of the admin credential site.yml generated."""
+    return ("admin", (SECRETS / "credentials" / "admin").read_text().strip())
+
+
+def tls_context():
+    """Trusts the lab's CA only (none before site.yml made it: plain HTTP then)."""
+    ca = SECRETS / "ca.crt"
+    return ssl.create_default_context(cafile=str(ca)) if ca.is_file() else None
 
 
 def basic_auth(user, password):

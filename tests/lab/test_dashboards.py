@@ -14,6 +14,7 @@ resolved against the lab with every value they find selected (not "All" =
 list).
 """
 
+import base64
 import json
 import time
 import urllib.parse
@@ -179,26 +180,36 @@ def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
     text = lab.sh("monitor", "cat /etc/grafana/provisioning/datasources/longhaul.yml").stdout
     sources = {d["type"]: d for d in yaml.safe_load(text)["datasources"]}
     assert {"prometheus", "influxdb"} <= set(sources), sources.keys()
+    # Grafana trusts only the CA of tlsCACert (tlsAuthWithCACert), as here.
     check = (
-        "import base64, json, sys, urllib.parse, urllib.request\n"
-        "url, user, password = sys.argv[1:4]\n"
+        "import base64, json, ssl, sys, urllib.parse, urllib.request\n"
+        "url, user, password, ca = sys.argv[1:5]\n"
         "request = urllib.request.Request(url)\n"
         "if user:\n"
         "    token = base64.b64encode(('%s:%s' % (user, password)).encode()).decode()\n"
         "    request.add_header('Authorization', 'Basic ' + token)\n"
-        "print(urllib.request.urlopen(request, timeout=10).read().decode())\n"
+        "context = ssl.create_default_context(cadata=base64.b64decode(ca).decode()) if ca else None\n"
+        "print(urllib.request.urlopen(request, timeout=10, context=context).read().decode())\n"
     )
     prometheus = sources["prometheus"]
+    # site.yml's TLS: https by the address in Prometheus' certificate, the CA's text and
+    # the admin user (roles/longhaul_pki)
+    assert prometheus["url"].startswith("https://"), prometheus["url"]
+    assert prometheus["jsonData"]["tlsAuthWithCACert"] is True, prometheus["jsonData"]
+    assert prometheus["basicAuth"] is True and prometheus["basicAuthUser"] == "admin", prometheus
+    secure = prometheus["secureJsonData"]
+    ca = base64.b64encode(secure["tlsCACert"].encode()).decode()
     out = lab.sh(
         "monitor",
-        "python3 - '%s/api/v1/query?query=up' '' '' <<'EOF'\n%sEOF" % (prometheus["url"], check),
+        "python3 - '%s/api/v1/query?query=up' admin '%s' '%s' <<'EOF'\n%sEOF"
+        % (prometheus["url"], secure["basicAuthPassword"], ca, check),
     ).stdout
     assert json.loads(out)["data"]["result"], out
     influx = sources["influxdb"]
     query = urllib.parse.urlencode({"db": influx["jsonData"]["dbName"], "q": "SHOW MEASUREMENTS"})
     out = lab.sh(
         "monitor",
-        "python3 - '%s/query?%s' '%s' '%s' <<'EOF'\n%sEOF"
+        "python3 - '%s/query?%s' '%s' '%s' '' <<'EOF'\n%sEOF"
         % (influx["url"], query, influx["user"], influx["secureJsonData"]["password"], check),
     ).stdout
     assert "interface" in out, out

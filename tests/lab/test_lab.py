@@ -548,11 +548,11 @@ def test_demo_links_answer(provisioned, memory_run):
     )
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
-    links = re.findall(r"http://[^\s,)]+", out.stdout)
+    links = re.findall(r"https?://[^\s,)]+", out.stdout)
     assert len(links) >= 8, out.stdout
     assert "DOES NOT ANSWER" not in out.stdout
     for path in ("/classic/alerts", "/classic/targets"):
-        assert "http://%s:9090%s" % (provisioned.monitor, path) in links
+        assert "https://%s:9090%s" % (provisioned.monitor, path) in links
 
 
 # --- a disk campaign ---------------------------------------------------------------

@@ -72,4 +72,4 @@ def test_the_central_prometheus_expects_both_sites_and_sees_them(provisioned):
         60,
         "the monitor's Alertmanager among the central Prometheus's",
     )
-    assert [a["url"] for a in alertmanagers] == ["http://%s:9093/api/v2/alerts" % lab.monitor], alertmanagers
+    assert [a["url"] for a in alertmanagers] == ["https://%s:9093/api/v2/alerts" % lab.monitor], alertmanagers

@@ -2,21 +2,23 @@
 certificates and the scrape user's password, as users run it.
 
 From a lab host that has no credentials (the router: it holds the CA, which is
-public, and its own certificate, but not the scrape password), every exporter
-answers 401 over TLS, with or without a wrong password, and plain HTTP gets no
-metrics; with the password the controller generated, the same request gets
-them, so the 401 is the password's doing. Prometheus scrapes every exporter
-over https, verifying the certificate against the CA. The exporters export the
-expiry of the host's certificate.
+public, and its own certificate, but no password), every exporter, both
+Prometheus servers and Alertmanager answer 401 over TLS, with or without a wrong
+password, and plain HTTP gets nothing; with the password the controller
+generated, the same request is answered, so the 401 is the password's doing.
+A forged remote write to the central Prometheus is refused and none of its
+samples appears there, while the same write with the sites' credentials lands;
+an anonymous silence is refused and no silence exists afterwards. Prometheus
+scrapes every exporter over https, verifying the certificate against the CA.
+The exporters export the expiry of the host's certificate.
 """
 
+import base64
 import json
 import subprocess
 import time
 
-from labkit import INVENTORY, SITE, transfer_hosts, wait_until
-
-SECRETS = INVENTORY / ".longhaul-secrets"
+from labkit import SECRETS, SITE, transfer_hosts, wait_until
 CA = "/usr/local/share/ca-certificates/longhaul-ca.crt"
 HOST_CERT = "/etc/ssl/certs/longhaul-host.pem"
 
@@ -26,13 +28,16 @@ import base64, json, ssl, sys, urllib.error, urllib.request
 context = ssl.create_default_context(cafile=sys.argv[1])
 out = []
 for request in json.load(sys.stdin):
-    headers = {}
+    headers = dict(request.get("headers", {}))
     if request.get("user") is not None:
         pair = "%s:%s" % (request["user"], request["password"])
         headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    body = base64.b64decode(request["body"]) if "body" in request else None
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(request["url"], headers=headers), timeout=10, context=context
+            urllib.request.Request(request["url"], data=body, headers=headers, method=request.get("method")),
+            timeout=10,
+            context=context,
         ) as answer:
             out.append({"status": answer.status, "body": answer.read(4096).decode("latin-1")})
     except urllib.error.HTTPError as error:
@@ -155,3 +160,155 @@ def test_a_check_run_passes_changes_nothing_and_prints_no_secret(provisioned):
             secrets["%s's hash on %s" % (name, host)] = stored
     for name, secret in secrets.items():
         assert len(secret) >= 32 and secret not in output, "site.yml --check --diff printed %s" % name
+
+
+def refused_without_the_password(lab, url, user, password, expect_body):
+    """From the router: no password, a wrong one, a wrong user: 401 and nothing of
+    `expect_body`; plain HTTP: nothing of it; the right one: 200 with it."""
+    answers = probe(
+        lab,
+        "router",
+        [
+            {"url": url},
+            {"url": url, "user": user, "password": "not-the-password"},
+            {"url": url, "user": "someone", "password": password},
+            {"url": url.replace("https://", "http://", 1)},
+            {"url": url, "user": user, "password": password},
+        ],
+    )
+    for answer, what in zip(answers[:3], ("no password", "a wrong password", "a wrong user")):
+        assert answer["status"] == 401, "%s with %s: %s" % (url, what, answer)
+        assert expect_body not in answer["body"], url
+    assert answers[3]["status"] != 200 and expect_body not in answers[3]["body"], (
+        "%s answered plain HTTP: %s" % (url, answers[3])
+    )
+    assert answers[4]["status"] == 200 and expect_body in answers[4]["body"], (
+        "%s refused its user: %s" % (url, answers[4])
+    )
+
+
+def test_prometheus_and_alertmanager_answer_their_users_only(provisioned):
+    lab = provisioned
+    admin = (SECRETS / "credentials" / "admin").read_text().strip()
+    for url, body in (
+        (lab.prometheus_url + "/api/v1/query?query=up", '"resultType"'),
+        (lab.central_url + "/api/v1/query?query=up", '"resultType"'),
+        (lab.prometheus_url + "/federate?match[]=up", "up{"),
+        (lab.alertmanager_url + "/api/v2/silences", "["),
+        (lab.alertmanager_url + "/api/v2/status", '"cluster"'),
+    ):
+        refused_without_the_password(lab, url, "admin", admin, body)
+
+
+# --- remote write, by hand: Prometheus' WriteRequest in protobuf, snappy-framed ----------
+
+
+def varint(number):
+    out = bytearray()
+    while True:
+        byte = number & 0x7F
+        number >>= 7
+        out.append(byte | (0x80 if number else 0))
+        if not number:
+            return bytes(out)
+
+
+def field(number, wire, payload):
+    """A protobuf field: a length-delimited one (wire 2) or a fixed 64-bit one (1)."""
+    key = varint(number << 3 | wire)
+    return key + (varint(len(payload)) + payload if wire == 2 else payload)
+
+
+def write_request(name, labels, value, at_ms):
+    """One sample of one series, as remote write sends it (snappy block format:
+    the length, then the bytes as literals of at most 60 bytes each)."""
+    import struct
+
+    series = b"".join(
+        field(1, 2, field(1, 2, key.encode()) + field(2, 2, text.encode()))
+        for key, text in sorted({"__name__": name, **labels}.items())
+    )
+    sample = field(1, 1, struct.pack("<d", value)) + varint(2 << 3 | 0) + varint(at_ms)
+    message = field(1, 2, series + field(2, 2, sample))
+    framed = bytearray(varint(len(message)))
+    for start in range(0, len(message), 60):
+        chunk = message[start : start + 60]
+        framed.append((len(chunk) - 1) << 2)
+        framed += chunk
+    return base64.b64encode(bytes(framed)).decode()
+
+
+WRITE_HEADERS = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+}
+
+
+def test_a_forged_remote_write_is_refused_and_leaves_no_sample(provisioned):
+    lab = provisioned
+    scrape = (SECRETS / "credentials" / "scrape").read_text().strip()
+    url = lab.central_url + "/api/v1/write"
+    now_ms = int(time.time() * 1000)
+    attempts = {
+        "anonymous": {},
+        "wrong-password": {"user": "prometheus", "password": "not-the-password"},
+        "plain-http": {"url": url.replace("https://", "http://", 1)},
+        "site": {"user": "prometheus", "password": scrape},
+    }
+    requests = []
+    for attempt, extra in attempts.items():
+        body = write_request("longhaul_forged_throughput", {"attempt": attempt, "site": "a"}, 1e12, now_ms)
+        requests.append(
+            {"url": url, "method": "POST", "headers": WRITE_HEADERS, "body": body, **extra}
+        )
+    answers = dict(zip(attempts, probe(lab, "router", requests)))
+    assert answers["anonymous"]["status"] == 401, answers["anonymous"]
+    assert answers["wrong-password"]["status"] == 401, answers["wrong-password"]
+    assert answers["plain-http"]["status"] != 204, answers["plain-http"]
+    # The same write with the sites' credentials lands: the payload is a real one.
+    assert answers["site"]["status"] == 204, answers["site"]
+    found = wait_until(
+        lambda: lab.promql("longhaul_forged_throughput", url=lab.central_url),
+        30,
+        "the credentialed write's sample at the central Prometheus",
+    )
+    assert {s["metric"]["attempt"] for s in found} == {"site"}, found
+    time.sleep(5)
+    attempts_seen = {
+        s["metric"]["attempt"]
+        for s in lab.promql("last_over_time(longhaul_forged_throughput[10m])", url=lab.central_url)
+    }
+    assert attempts_seen == {"site"}, attempts_seen
+
+
+def test_an_anonymous_silence_is_refused_and_none_exists(provisioned):
+    lab = provisioned
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    silence = {
+        "matchers": [{"name": "alertname", "value": ".+", "isRegex": True, "isEqual": True}],
+        "startsAt": now,
+        "endsAt": later,
+        "createdBy": "a stranger",
+        "comment": "longhaul-test: silence everything",
+    }
+    body = base64.b64encode(json.dumps(silence).encode()).decode()
+    url = lab.alertmanager_url + "/api/v2/silences"
+    headers = {"Content-Type": "application/json"}
+    answers = probe(
+        lab,
+        "router",
+        [
+            {"url": url, "method": "POST", "headers": headers, "body": body},
+            {"url": url, "method": "POST", "headers": headers, "body": body, "user": "admin", "password": "guess"},
+            {"url": url.replace("https://", "http://", 1), "method": "POST", "headers": headers, "body": body},
+        ],
+    )
+    assert [a["status"] for a in answers[:2]] == [401, 401], answers
+    assert answers[2]["status"] != 200, answers[2]
+    silences = lab.get_json(url)
+    assert [s for s in silences if s["createdBy"] == "a stranger"] == [], silences
+    # The admin user may: the same request is a well-formed one.
+    made = lab.get_json(url, data={**silence, "createdBy": "longhaul-test admin"}, method="POST")
+    lab.get_json(lab.alertmanager_url + "/api/v2/silence/" + made["silenceID"], method="DELETE")
