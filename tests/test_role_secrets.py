@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_local_playbook
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = REPO / "roles"
@@ -103,3 +104,45 @@ def test_configs_that_may_carry_credentials_show_no_diff(path):
     assert found, path
     for t in found:
         assert t.get("diff") is False or t.get("no_log") is True, t
+
+
+def test_the_sites_password_goes_only_to_the_inventorys_central_over_https(tmp_path):
+    # Prometheus' identity (the scrape user, whose password also opens every exporter and
+    # Alertmanager) is added to a remote_write entry only when it is https, names a host of
+    # central_monitoring and has no credentials of its own. The first version added it to
+    # every entry: a plain-HTTP URL sent the password in clear, a third-party store got it,
+    # and an entry with a bearer token got two auth methods (promtool refused the file).
+    role = ROLES / "prometheus"
+    out = tmp_path / "prometheus.yml"
+    tasks = [
+        {"ansible.builtin.include_vars": str(role / "defaults" / "main.yml")},
+        {"ansible.builtin.include_vars": str(role / "vars" / "main.yml")},
+        {"ansible.builtin.template": {"src": str(role / "templates" / "prometheus.yml.j2"), "dest": str(out)}},
+    ]
+    central = "https://10.0.0.5:9090/api/v1/write"
+    overrides = {
+        "prometheus_scrape_tls_ca_file": "/ca.crt",
+        "prometheus_scrape_basic_auth": {"username": "prometheus", "password": "p" * 32},
+        "prometheus_remote_write": [
+            {"url": central},
+            {"url": "http://10.0.0.5:9090/api/v1/write"},
+            {"url": "https://store.example.org/push"},
+            {"url": central, "bearer_token_file": "/token"},
+            {"url": "https://central:9090/api/v1/write", "tls_config": {"insecure_skip_verify": True}},
+        ],
+    }
+    inventory = {
+        "all": {
+            "children": {"central_monitoring": {"hosts": {"central": {"prometheus_target_host": "10.0.0.5"}}}}
+        }
+    }
+    done = run_local_playbook(tmp_path, tasks, overrides, inventory=inventory)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    written = yaml.safe_load(out.read_text())["remote_write"]
+    auth = {"username": "prometheus", "password_file": "/etc/prometheus/scrape.password"}
+    assert written[0] == {"url": central, "basic_auth": auth, "tls_config": {"ca_file": "/ca.crt"}}
+    assert written[1] == {"url": "http://10.0.0.5:9090/api/v1/write"}
+    assert written[2] == {"url": "https://store.example.org/push"}
+    assert "basic_auth" not in written[3], written[3]
+    assert written[4]["basic_auth"] == auth and written[4]["tls_config"] == {"insecure_skip_verify": True}
+    assert "p" * 32 not in out.read_text()

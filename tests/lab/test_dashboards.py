@@ -14,8 +14,8 @@ resolved against the lab with every value they find selected (not "All" =
 list).
 """
 
-import base64
 import json
+import subprocess
 import time
 import urllib.parse
 
@@ -174,44 +174,85 @@ def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
     monitor as for the vendor's Grafana. Its data sources file names the
     uids the dashboards' data source variables default to, and from the
     monitor its URLs answer as Grafana's health checks ask them: Prometheus
-    a query, InfluxDB a query of the routers database with the provisioned
-    reader's password."""
+    a query over TLS, with the CA text, server name and admin user the file
+    holds (Grafana itself cannot run here: its handling of those fields is
+    taken from its documentation), InfluxDB a query of the routers database
+    with the provisioned reader's password."""
     lab = provisioned
     text = lab.sh("monitor", "cat /etc/grafana/provisioning/datasources/longhaul.yml").stdout
     sources = {d["type"]: d for d in yaml.safe_load(text)["datasources"]}
     assert {"prometheus", "influxdb"} <= set(sources), sources.keys()
-    # Grafana trusts only the CA of tlsCACert (tlsAuthWithCACert), as here.
+    # As Grafana asks: only the CA of tlsCACert (tlsAuthWithCACert) is trusted, the
+    # certificate must hold jsonData.serverName when set, basic auth when basicAuth is
+    # set. The request (passwords, CA) goes by stdin, never on a command line.
     check = (
-        "import base64, json, ssl, sys, urllib.parse, urllib.request\n"
-        "url, user, password, ca = sys.argv[1:5]\n"
-        "request = urllib.request.Request(url)\n"
-        "if user:\n"
-        "    token = base64.b64encode(('%s:%s' % (user, password)).encode()).decode()\n"
-        "    request.add_header('Authorization', 'Basic ' + token)\n"
-        "context = ssl.create_default_context(cadata=base64.b64decode(ca).decode()) if ca else None\n"
-        "print(urllib.request.urlopen(request, timeout=10, context=context).read().decode())\n"
+        "import base64, http.client, json, socket, ssl, sys, urllib.parse\n"
+        "source = json.load(sys.stdin)\n"
+        "url = urllib.parse.urlsplit(source['url'])\n"
+        "headers = {}\n"
+        "if source.get('user'):\n"
+        "    pair = '%s:%s' % (source['user'], source['password'])\n"
+        "    headers['Authorization'] = 'Basic ' + base64.b64encode(pair.encode()).decode()\n"
+        "if url.scheme == 'https':\n"
+        "    context = ssl.create_default_context(cadata=source['ca'])\n"
+        "    sock = socket.create_connection((url.hostname, url.port), timeout=10)\n"
+        "    sock = context.wrap_socket(sock, server_hostname=source.get('server_name') or url.hostname)\n"
+        "    connection = http.client.HTTPSConnection(url.hostname, url.port, timeout=10)\n"
+        "    connection.sock = sock\n"
+        "else:\n"
+        "    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)\n"
+        "connection.request('GET', url.path + ('?' + url.query if url.query else ''), headers=headers)\n"
+        "answer = connection.getresponse()\n"
+        "assert answer.status == 200, (answer.status, answer.read()[:300])\n"
+        "print(answer.read().decode())\n"
     )
+
+    def ask(source):
+        done = subprocess.run(
+            ["docker", "exec", "-i", lab.container("monitor"), "python3", "-c", check],
+            input=json.dumps(source),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, "the data source's request failed: %s" % done.stderr[-2000:]
+        return done.stdout
+
     prometheus = sources["prometheus"]
-    # site.yml's TLS: https by the address in Prometheus' certificate, the CA's text and
-    # the admin user (roles/longhaul_pki)
-    assert prometheus["url"].startswith("https://"), prometheus["url"]
+    # site.yml's TLS: Prometheus on the monitor, checked for its inventory name, with the
+    # CA's text and the admin user (roles/longhaul_pki)
+    assert prometheus["url"].startswith("https://127.0.0.1:"), prometheus["url"]
     assert prometheus["jsonData"]["tlsAuthWithCACert"] is True, prometheus["jsonData"]
+    assert prometheus["jsonData"]["serverName"] == "monitor", prometheus["jsonData"]
     assert prometheus["basicAuth"] is True and prometheus["basicAuthUser"] == "admin", prometheus
     secure = prometheus["secureJsonData"]
-    ca = base64.b64encode(secure["tlsCACert"].encode()).decode()
-    out = lab.sh(
-        "monitor",
-        "python3 - '%s/api/v1/query?query=up' admin '%s' '%s' <<'EOF'\n%sEOF"
-        % (prometheus["url"], secure["basicAuthPassword"], ca, check),
-    ).stdout
+    source = {
+        "url": prometheus["url"] + "/api/v1/query?query=up",
+        "user": "admin",
+        "password": secure["basicAuthPassword"],
+        "ca": secure["tlsCACert"],
+        "server_name": prometheus["jsonData"]["serverName"],
+    }
+    out = ask(source)
     assert json.loads(out)["data"]["result"], out
+    # ... and without the name check the request would prove less: another name fails.
+    wrong = subprocess.run(
+        ["docker", "exec", "-i", lab.container("monitor"), "python3", "-c", check],
+        input=json.dumps({**source, "server_name": "not-the-monitor"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrong.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in wrong.stderr, wrong.stderr[-1000:]
     influx = sources["influxdb"]
     query = urllib.parse.urlencode({"db": influx["jsonData"]["dbName"], "q": "SHOW MEASUREMENTS"})
-    out = lab.sh(
-        "monitor",
-        "python3 - '%s/query?%s' '%s' '%s' '' <<'EOF'\n%sEOF"
-        % (influx["url"], query, influx["user"], influx["secureJsonData"]["password"], check),
-    ).stdout
+    out = ask(
+        {
+            "url": "%s/query?%s" % (influx["url"], query),
+            "user": influx["user"],
+            "password": influx["secureJsonData"]["password"],
+        }
+    )
     assert "interface" in out, out
     # The dashboards' data source variables find these by type; the role's uids are
     # the ones its README names for a Grafana that has several of a type.

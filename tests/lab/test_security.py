@@ -312,3 +312,30 @@ def test_an_anonymous_silence_is_refused_and_none_exists(provisioned):
     # The admin user may: the same request is a well-formed one.
     made = lab.get_json(url, data={**silence, "createdBy": "longhaul-test admin"}, method="POST")
     lab.get_json(lab.alertmanager_url + "/api/v2/silence/" + made["silenceID"], method="DELETE")
+
+
+def test_each_prometheus_reaches_itself_and_alertmanager_over_tls(provisioned):
+    # Its own door and Alertmanager's now want TLS and a user: a wrong server name, CA or
+    # password would leave these jobs down and the alerts undelivered, with no alert of
+    # its own to say so.
+    lab = provisioned
+    for url, jobs in (
+        (lab.prometheus_url, ("prometheus", "alertmanager")),
+        (lab.central_url, ("prometheus",)),
+    ):
+        for job in jobs:
+            wait_until(
+                lambda: lab.promql('up{job="%s"} == 1' % job, url=url),
+                60,
+                "job %s up at %s" % (job, url),
+            )
+        targets = lab.get_json(url + "/api/v1/targets")["data"]["activeTargets"]
+        for target in targets:
+            if target["labels"]["job"] in jobs:
+                assert target["scrapeUrl"].startswith("https://"), target
+        found = lab.get_json(url + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+        assert [a["url"] for a in found] == ["https://%s:9093/api/v2/alerts" % lab.monitor], found
+        # The first provisioning's own seconds (Prometheus configured before
+        # Alertmanager's TLS) are not this check's business: the last 3 minutes are.
+        errors = lab.promql("sum(increase(prometheus_notifications_errors_total[3m]))", url=url)
+        assert errors and float(errors[0]["value"][1]) == 0, "%s: alerts not delivered: %s" % (url, errors)
