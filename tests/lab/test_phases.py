@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labkit import REPO, transfer_hosts, wait_until
+from labkit import REPO, SECRETS, transfer_hosts, wait_until
 
 PHASE_SECONDS = 20
 # Seconds before and after the phase the router comparison integrates over
@@ -175,6 +175,13 @@ def test_the_report_draws_the_phase_engine_and_router(provisioned, two_pairs, tm
             str(out),
             "--prometheus",
             provisioned.prometheus_url,
+            # site.yml's Prometheus: TLS from the lab's CA, the admin user
+            "--prometheus-ca",
+            str(SECRETS / "ca.crt"),
+            "--prometheus-user",
+            "admin",
+            "--prometheus-password-file",
+            str(SECRETS / "credentials" / "admin"),
             "--from",
             "%.0f" % (phase["started_unix"] - 60),
             "--to",

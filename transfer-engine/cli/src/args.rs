@@ -387,9 +387,19 @@ pub struct ReportArgs {
     /// Title of the page
     #[arg(long, value_name = "TEXT")]
     pub title: Option<String>,
-    /// Also draw series from this Prometheus (http://HOST:PORT)
+    /// Also draw series from this Prometheus (http://HOST:PORT or https://HOST:PORT)
     #[arg(long, value_name = "URL", requires_all = ["from", "to"])]
     pub prometheus: Option<String>,
+    /// PEM CA file an https Prometheus' certificate must chain to (default: the host's
+    /// trust store, /etc/ssl/certs/ca-certificates.crt, where site.yml installs its CA)
+    #[arg(long, value_name = "FILE", requires = "prometheus")]
+    pub prometheus_ca: Option<PathBuf>,
+    /// User to ask Prometheus as (basic auth; site.yml's people use admin)
+    #[arg(long, value_name = "USER", requires_all = ["prometheus", "prometheus_password_file"])]
+    pub prometheus_user: Option<String>,
+    /// File whose first line is that user's password (never the command line)
+    #[arg(long, value_name = "FILE", requires = "prometheus_user")]
+    pub prometheus_password_file: Option<PathBuf>,
     /// Start of the Prometheus range (RFC 3339 or Unix seconds)
     #[arg(long, value_name = "T", requires = "prometheus")]
     pub from: Option<String>,
@@ -739,7 +749,14 @@ impl ReportArgs {
             dir: self.dir,
             out: self.out,
             title: self.title,
-            prometheus: self.prometheus,
+            prometheus: self
+                .prometheus
+                .map(|url| longhaul_science::prometheus::Source {
+                    url,
+                    ca_file: self.prometheus_ca,
+                    user: self.prometheus_user,
+                    password_file: self.prometheus_password_file,
+                }),
             from: self.from,
             to: self.to,
             step: self.step,

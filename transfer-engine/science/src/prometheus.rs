@@ -1,13 +1,20 @@
 //! Pulling the report's series from Prometheus (`report --prometheus URL
 //! --from T --to T`): the HTTP API's `query_range`, one GET per figure with
-//! ureq (docs/http.md), under one deadline and with a bounded answer.
+//! ureq (docs/http.md), under one deadline and with a bounded answer. An
+//! https Prometheus (site.yml's) is checked against a CA file (default: the
+//! host's trust store, where site.yml installs its CA) with rustls and ring,
+//! and asked with basic auth when a user is given (the password from a file,
+//! never the command line).
 //!
 //! The queries use the exporter's and node_exporter's metric names
 //! (DESIGN.md): session and per-stream throughput, CPU user/system/softirq
 //! per host, disk IO per RAID controller and per device.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use longhaul_engine::{Error, Result};
 use serde_json::Value;
 
@@ -89,6 +96,104 @@ pub const QUERIES: &[Query] = &[
     },
 ];
 
+/// The host's trust store (Debian's ca-certificates; site.yml adds its CA
+/// there): the CA file of an https Prometheus without `--prometheus-ca`.
+pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Largest CA or password file read.
+const MAX_SECRET_FILE: u64 = 1 << 20;
+
+/// Where Prometheus is and how to be let in.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    /// http://HOST:PORT or https://HOST:PORT
+    pub url: String,
+    /// PEM CA certificates an https Prometheus' certificate must chain to.
+    pub ca_file: Option<PathBuf>,
+    /// Basic auth user, with the first line of `password_file` as password.
+    pub user: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+fn read_small(path: &PathBuf, what: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SECRET_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))?;
+    if bytes.len() as u64 > MAX_SECRET_FILE {
+        return Err(Error::Usage(format!(
+            "{what} {} is larger than 1 MiB",
+            path.display()
+        )));
+    }
+    Ok(bytes)
+}
+
+impl Source {
+    /// The agent that asks this Prometheus: TLS roots for https, the deadline.
+    fn agent(&self) -> Result<ureq::Agent> {
+        let mut config = ureq::Agent::config_builder()
+            .timeout_global(Some(HTTP_TIMEOUT))
+            .http_status_as_error(false);
+        if self.url.starts_with("https://") {
+            let ca_file = self
+                .ca_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(SYSTEM_CA_FILE));
+            let pem = read_small(&ca_file, "the --prometheus-ca file")?;
+            let roots: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if roots.is_empty() {
+                return Err(Error::Usage(format!(
+                    "--prometheus-ca: {} holds no PEM certificate",
+                    ca_file.display()
+                )));
+            }
+            let tls = ureq::tls::TlsConfig::builder()
+                .provider(ureq::tls::TlsProvider::Rustls)
+                .root_certs(ureq::tls::RootCerts::Specific(Arc::new(roots)))
+                .unversioned_rustls_crypto_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .build();
+            config = config.tls_config(tls);
+        }
+        Ok(config.build().into())
+    }
+
+    /// The Authorization header's value, when a user is given.
+    fn authorization(&self) -> Result<Option<String>> {
+        let Some(user) = &self.user else {
+            return Ok(None);
+        };
+        if user.contains(':') {
+            return Err(Error::Usage(format!(
+                "--prometheus-user '{user}': a basic-auth user cannot hold a colon"
+            )));
+        }
+        let Some(file) = &self.password_file else {
+            return Err(Error::Usage(
+                "--prometheus-user needs --prometheus-password-file".into(),
+            ));
+        };
+        let bytes = read_small(file, "the --prometheus-password-file")?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::Usage(format!("{} is not UTF-8 text", file.display())))?;
+        let password = text.lines().next().unwrap_or("");
+        Ok(Some(format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )))
+    }
+}
+
 /// One series: its name and (unix seconds, value) samples.
 #[derive(Debug, Clone)]
 pub struct PromSeries {
@@ -96,18 +201,16 @@ pub struct PromSeries {
     pub points: Vec<(f64, f64)>,
 }
 
-/// GETs `url` with the query `params`; returns the body of a 200 answer.
-fn get(url: &str, params: &[(&str, &str)]) -> Result<String> {
-    if !url.starts_with("http://") {
+/// GETs `url` of `source` with the query `params`; returns the body of a
+/// 200 answer.
+fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
+    if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(Error::Usage(format!(
-            "--prometheus: '{url}' must start with http://"
+            "--prometheus: '{url}' must start with http:// or https://"
         )));
     }
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = source.agent()?;
+    let authorization = source.authorization()?;
     let fail = |e: ureq::Error| match e {
         ureq::Error::Io(io) => Error::io(format!("asking Prometheus at {url}"), io),
         ureq::Error::Timeout(_) => Error::Timeout(format!(
@@ -119,9 +222,11 @@ fn get(url: &str, params: &[(&str, &str)]) -> Result<String> {
         }
         other => Error::Protocol(format!("Prometheus at {url}: {other}")),
     };
-    let mut answer = agent
-        .get(url)
-        .header("Accept", "application/json")
+    let mut request = agent.get(url).header("Accept", "application/json");
+    if let Some(value) = &authorization {
+        request = request.header("Authorization", value);
+    }
+    let mut answer = request
         .query_pairs(params.iter().copied())
         .call()
         .map_err(fail)?;
@@ -132,6 +237,12 @@ fn get(url: &str, params: &[(&str, &str)]) -> Result<String> {
         .limit(MAX_ANSWER)
         .read_to_string()
         .map_err(fail)?;
+    if status == 401 {
+        return Err(Error::Refused(format!(
+            "Prometheus at {url} wants a user and password (401): give --prometheus-user and \
+             --prometheus-password-file, or check them"
+        )));
+    }
     if status != 200 {
         return Err(Error::Protocol(format!(
             "Prometheus answered {status}: {}",
@@ -144,15 +255,16 @@ fn get(url: &str, params: &[(&str, &str)]) -> Result<String> {
 /// Runs one range query. `from`/`to` are anything Prometheus accepts
 /// (RFC 3339 or Unix seconds), `step` seconds.
 pub fn query_range(
-    url: &str,
+    source: &Source,
     q: &Query,
     from: &str,
     to: &str,
     step: f64,
 ) -> Result<Vec<PromSeries>> {
-    let endpoint = format!("{}/api/v1/query_range", url.trim_end_matches('/'));
+    let endpoint = format!("{}/api/v1/query_range", source.url.trim_end_matches('/'));
     let step = step.to_string();
     let body = get(
+        source,
         &endpoint,
         &[
             ("query", q.promql),

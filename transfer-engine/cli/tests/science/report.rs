@@ -351,3 +351,147 @@ fn a_phase_gets_its_aggregate_per_direction_engine_and_router() {
         "router series missing"
     );
 }
+
+/// A real Prometheus (Debian's) serving TLS and basic auth, as site.yml runs it.
+struct TlsPrometheus {
+    child: std::process::Child,
+    url: String,
+    dir: Scratch,
+}
+
+impl Drop for TlsPrometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_prometheus(ca: &longhaul_testkit::tls::TestCa, password: &str) -> TlsPrometheus {
+    let dir = Scratch::new("report-tls-prometheus");
+    ca.issue(&["127.0.0.1"]).write(dir.path(), "server");
+    let hash = bcrypt::hash(password, 4).unwrap();
+    std::fs::write(
+        dir.path().join("web.yml"),
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n\
+             basic_auth_users:\n  admin: {hash}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        "global:\n  scrape_interval: 1s\nscrape_configs: []\n",
+    )
+    .unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!(
+            "--web.config.file={}",
+            dir.path().join("web.yml").display()
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prometheus (Debian package prometheus) must be installed");
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "Prometheus did not listen within 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    TlsPrometheus {
+        child,
+        url: format!("https://127.0.0.1:{port}"),
+        dir,
+    }
+}
+
+/// `report --prometheus https://...` asks site.yml's kind of Prometheus: its
+/// certificate checked against --prometheus-ca, the user's password from a
+/// file. Before, the report refused any https URL, and drew its Prometheus
+/// figures from nothing (a note) while the run still succeeded.
+#[test]
+fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
+    let ca = longhaul_testkit::tls::TestCa::new("report test CA");
+    let prom = tls_prometheus(&ca, "the admin password");
+    let dir = Scratch::new("report-tls");
+    let html_path = dir.path().join("report.html");
+    let ca_file = prom.dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let right = prom.dir.path().join("password");
+    std::fs::write(&right, "the admin password\n").unwrap();
+    let wrong = prom.dir.path().join("wrong");
+    std::fs::write(&wrong, "a guess\n").unwrap();
+    let other_ca = prom.dir.path().join("other-ca.pem");
+    std::fs::write(
+        &other_ca,
+        longhaul_testkit::tls::TestCa::new("another CA").pem(),
+    )
+    .unwrap();
+
+    let report = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "report".to_string(),
+            dir.path().display().to_string(),
+            "--out".into(),
+            html_path.display().to_string(),
+            "--prometheus".into(),
+            prom.url.clone(),
+            "--from".into(),
+            "1000".into(),
+            "--to".into(),
+            "1060".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&refs);
+        std::fs::read_to_string(&html_path).unwrap()
+    };
+    // The report as asked with a CA file and a password file.
+    let asking = |ca: &std::path::Path, password: &std::path::Path| {
+        report(&[
+            "--prometheus-ca",
+            &ca.display().to_string(),
+            "--prometheus-user",
+            "admin",
+            "--prometheus-password-file",
+            &password.display().to_string(),
+        ])
+    };
+    // The CA and the password: every query answered (an empty Prometheus: no data).
+    let html = asking(&ca_file, &right);
+    assert!(html.contains("no data in the range"), "{html}");
+    assert!(
+        !html.contains("401") && !html.contains("certificate"),
+        "{html}"
+    );
+    // A wrong password: 401, named.
+    let html = asking(&ca_file, &wrong);
+    assert!(html.contains("wants a user and password (401)"), "{html}");
+    assert!(!html.contains("no data in the range"), "{html}");
+    // Another CA: the certificate is refused before any password is sent.
+    let html = asking(&other_ca, &right);
+    assert!(
+        !html.contains("no data in the range") && !html.contains("(401)"),
+        "{html}"
+    );
+    assert!(
+        html.to_lowercase().contains("certificate") || html.contains("UnknownIssuer"),
+        "{html}"
+    );
+}

@@ -662,7 +662,7 @@ pub fn fig_messages(files: &[SweepFile]) -> Result<Vec<Figure>> {
 
 /// The Prometheus figures of a time range; failed queries become notes.
 pub fn fig_prometheus(
-    url: &str,
+    source: &prometheus::Source,
     from: &str,
     to: &str,
     step: f64,
@@ -670,7 +670,7 @@ pub fn fig_prometheus(
 ) -> Vec<Figure> {
     let mut figs = Vec::new();
     for (n, q) in QUERIES.iter().enumerate() {
-        let series = match prometheus::query_range(url, q, from, to, step) {
+        let series = match prometheus::query_range(source, q, from, to, step) {
             Ok(s) => s,
             Err(e) => {
                 notes.push(format!("Prometheus, {}: {e}", q.title));

@@ -46,7 +46,7 @@ pub struct ReportOptions {
     /// Default: RESULTS_DIR/report.html.
     pub out: Option<PathBuf>,
     pub title: Option<String>,
-    pub prometheus: Option<String>,
+    pub prometheus: Option<crate::prometheus::Source>,
     pub from: Option<String>,
     pub to: Option<String>,
     pub step: Option<f64>,
@@ -79,7 +79,7 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
         let mut figs = Vec::new();
         for (n, phase) in r.phases.iter().enumerate() {
             let router = match &opts.prometheus {
-                Some(url) => router_series(url, &phase.value, opts.step, notes),
+                Some(source) => router_series(source, &phase.value, opts.step, notes),
                 None => Vec::new(),
             };
             figs.extend(fig_phase_aggregate(n, phase, &r.runs, &router)?);
@@ -127,13 +127,13 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
             &advice_table(&r.advice),
         );
     }
-    if let (Some(url), Some(from), Some(to)) = (&opts.prometheus, &opts.from, &opts.to) {
+    if let (Some(source), Some(from), Some(to)) = (&opts.prometheus, &opts.from, &opts.to) {
         let step = opts.step.unwrap_or(DEFAULT_STEP);
         push(
             Section {
                 title: "Prometheus".into(),
-                intro: format!("{} from {} to {}.", esc(url), esc(from), esc(to)),
-                figures: fig_prometheus(url, from, to, step, notes),
+                intro: format!("{} from {} to {}.", esc(&source.url), esc(from), esc(to)),
+                figures: fig_prometheus(source, from, to, step, notes),
             },
             "",
         );
@@ -144,7 +144,7 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
 /// The routers' interfaces over a phase's time (and half a minute either
 /// side); a failed query is a note, not an error.
 fn router_series(
-    url: &str,
+    source: &crate::prometheus::Source,
     phase: &serde_json::Value,
     step: Option<f64>,
     notes: &mut Vec<String>,
@@ -153,7 +153,7 @@ fn router_series(
     let to = results::field(phase, "ended_unix") + 30.0;
     let step = step.unwrap_or(PHASE_STEP);
     match crate::prometheus::query_range(
-        url,
+        source,
         &crate::prometheus::ROUTER_OUT,
         &format!("{from:.3}"),
         &format!("{to:.3}"),
