@@ -109,7 +109,8 @@ def test_configs_that_may_carry_credentials_show_no_diff(path):
 def test_the_sites_password_goes_only_to_the_inventorys_central_over_https(tmp_path):
     # Prometheus' identity (the scrape user, whose password also opens every exporter and
     # Alertmanager) is added to a remote_write entry only when it is https, names a host of
-    # central_monitoring and has no credentials of its own. The first version added it to
+    # central_monitoring (not through userinfo) and has no credentials nor TLS settings of
+    # its own. The first version added it to
     # every entry: a plain-HTTP URL sent the password in clear, a third-party store got it,
     # and an entry with a bearer token got two auth methods (promtool refused the file).
     role = ROLES / "prometheus"
@@ -129,11 +130,20 @@ def test_the_sites_password_goes_only_to_the_inventorys_central_over_https(tmp_p
             {"url": "https://store.example.org/push"},
             {"url": central, "bearer_token_file": "/token"},
             {"url": "https://central:9090/api/v1/write", "tls_config": {"insecure_skip_verify": True}},
+            {"url": "https://[2001:DB8::5]:9090/api/v1/write"},
+            {"url": "https://central:x@store.example.org/push"},
         ],
     }
     inventory = {
         "all": {
-            "children": {"central_monitoring": {"hosts": {"central": {"prometheus_target_host": "10.0.0.5"}}}}
+            "children": {
+                "central_monitoring": {
+                    "hosts": {
+                        "central": {"prometheus_target_host": "10.0.0.5"},
+                        "central6": {"prometheus_target_host": "2001:db8::5"},
+                    }
+                }
+            }
         }
     }
     done = run_local_playbook(tmp_path, tasks, overrides, inventory=inventory)
@@ -144,5 +154,10 @@ def test_the_sites_password_goes_only_to_the_inventorys_central_over_https(tmp_p
     assert written[1] == {"url": "http://10.0.0.5:9090/api/v1/write"}
     assert written[2] == {"url": "https://store.example.org/push"}
     assert "basic_auth" not in written[3], written[3]
-    assert written[4]["basic_auth"] == auth and written[4]["tls_config"] == {"insecure_skip_verify": True}
+    # an entry with a TLS setting of its own is not the testbed's: no password there
+    assert written[4] == {"url": "https://central:9090/api/v1/write", "tls_config": {"insecure_skip_verify": True}}
+    # a central by its IPv6 address, in brackets and any case
+    assert written[5]["basic_auth"] == auth and written[5]["tls_config"] == {"ca_file": "/ca.crt"}
+    # userinfo naming a central before another host
+    assert written[6] == {"url": "https://central:x@store.example.org/push"}
     assert "p" * 32 not in out.read_text()

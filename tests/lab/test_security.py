@@ -319,23 +319,30 @@ def test_each_prometheus_reaches_itself_and_alertmanager_over_tls(provisioned):
     # password would leave these jobs down and the alerts undelivered, with no alert of
     # its own to say so.
     lab = provisioned
-    for url, jobs in (
-        (lab.prometheus_url, ("prometheus", "alertmanager")),
-        (lab.central_url, ("prometheus",)),
+    # The central one holds the sites' series too (remote write): each is asked about
+    # its own targets, by their instance.
+    for url, instance, jobs in (
+        (lab.prometheus_url, "monitor", ("prometheus", "alertmanager")),
+        (lab.central_url, "central", ("prometheus",)),
     ):
+        def own(job):
+            targets = lab.get_json(url + "/api/v1/targets")["data"]["activeTargets"]
+            return [t for t in targets if t["labels"]["job"] == job]
+
         for job in jobs:
             wait_until(
-                lambda: lab.promql('up{job="%s"} == 1' % job, url=url),
+                lambda: [t for t in own(job) if t["health"] == "up"],
                 60,
                 "job %s up at %s" % (job, url),
             )
-        targets = lab.get_json(url + "/api/v1/targets")["data"]["activeTargets"]
-        for target in targets:
-            if target["labels"]["job"] in jobs:
+            for target in own(job):
                 assert target["scrapeUrl"].startswith("https://"), target
+                assert target["labels"]["instance"] in (instance, "monitor"), target
         found = lab.get_json(url + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
         assert [a["url"] for a in found] == ["https://%s:9093/api/v2/alerts" % lab.monitor], found
         # The first provisioning's own seconds (Prometheus configured before
         # Alertmanager's TLS) are not this check's business: the last 3 minutes are.
-        errors = lab.promql("sum(increase(prometheus_notifications_errors_total[3m]))", url=url)
+        errors = lab.promql(
+            'sum(increase(prometheus_notifications_errors_total{instance="%s"}[3m]))' % instance, url=url
+        )
         assert errors and float(errors[0]["value"][1]) == 0, "%s: alerts not delivered: %s" % (url, errors)

@@ -133,17 +133,58 @@ fn read_small(path: &PathBuf, what: &str) -> Result<Vec<u8>> {
 }
 
 impl Source {
-    /// The agent that asks this Prometheus: TLS roots for https, the deadline.
+    /// What can be known before asking: the URL's form, the CA and password
+    /// files. `report` checks it first, so a mistake is an error (exit 2),
+    /// not a note per figure.
+    pub fn check(&self) -> Result<()> {
+        let url = &self.url;
+        let rest = url
+            .strip_prefix("https://")
+            .or_else(|| url.strip_prefix("http://"))
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "--prometheus: '{url}' must start with http:// or https://"
+                ))
+            })?;
+        // userinfo would be sent as basic auth and printed wherever the URL is
+        if rest.split('/').next().unwrap_or("").contains('@') {
+            return Err(Error::Usage(
+                "--prometheus: give the user with --prometheus-user and the password with \
+                 --prometheus-password-file, not in the URL"
+                    .into(),
+            ));
+        }
+        if !url.starts_with("https://") && (self.user.is_some() || self.ca_file.is_some()) {
+            return Err(Error::Usage(format!(
+                "--prometheus {url}: a password or a CA needs https:// (a password must not \
+                 cross the network in clear)"
+            )));
+        }
+        self.agent()?;
+        self.authorization()?;
+        Ok(())
+    }
+
+    /// The agent that asks this Prometheus: TLS roots (for https, and for an
+    /// http URL's redirect, which is not followed anyway), the deadline.
     fn agent(&self) -> Result<ureq::Agent> {
         let mut config = ureq::Agent::config_builder()
             .timeout_global(Some(HTTP_TIMEOUT))
-            .http_status_as_error(false);
+            .http_status_as_error(false)
+            // Prometheus' API does not redirect; a redirect is refused, never
+            // followed to another host with the password
+            .max_redirects(0);
         if self.url.starts_with("https://") {
             let ca_file = self
                 .ca_file
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(SYSTEM_CA_FILE));
-            let pem = read_small(&ca_file, "the --prometheus-ca file")?;
+            let what = if self.ca_file.is_some() {
+                "the --prometheus-ca file"
+            } else {
+                "the host's trust store (no --prometheus-ca)"
+            };
+            let pem = read_small(&ca_file, what)?;
             let roots: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
                 .filter_map(|item| match item {
                     Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
@@ -187,6 +228,12 @@ impl Source {
         let text = String::from_utf8(bytes)
             .map_err(|_| Error::Usage(format!("{} is not UTF-8 text", file.display())))?;
         let password = text.lines().next().unwrap_or("");
+        if password.is_empty() {
+            return Err(Error::Usage(format!(
+                "--prometheus-password-file {}: its first line (the password) is empty",
+                file.display()
+            )));
+        }
         Ok(Some(format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))

@@ -473,8 +473,16 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
             &password.display().to_string(),
         ])
     };
-    // The CA and the password: every query answered (an empty Prometheus: no data).
-    let html = asking(&ca_file, &right);
+    // The CA and the password: every query answered (an empty Prometheus: no data),
+    // once its storage is ready (it answers 503 until then).
+    let started = std::time::Instant::now();
+    let html = loop {
+        let html = asking(&ca_file, &right);
+        if html.contains("no data in the range") || started.elapsed().as_secs() > 30 {
+            break html;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
     assert!(html.contains("no data in the range"), "{html}");
     assert!(
         !html.contains("401") && !html.contains("certificate"),
@@ -494,4 +502,72 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
         html.to_lowercase().contains("certificate") || html.contains("UnknownIssuer"),
         "{html}"
     );
+}
+
+/// What can be known before asking is an error (exit 2), never a note per
+/// figure: a password for a plain-HTTP URL (it would cross the network in
+/// clear; before, it was sent), a password in the URL (before, it was used
+/// and printed in the report), an empty password file, a CA file without a
+/// certificate.
+#[test]
+fn report_refuses_a_password_it_would_send_in_clear() {
+    let dir = Scratch::new("report-refuses");
+    let password = dir.path().join("password");
+    std::fs::write(&password, "secret\n").unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let not_a_ca = dir.path().join("not-a-ca.pem");
+    std::fs::write(&not_a_ca, "not a certificate\n").unwrap();
+    let d = dir.path().display().to_string();
+    let pw = password.display().to_string();
+    let base = [
+        "report",
+        &d,
+        "--from",
+        "1000",
+        "--to",
+        "1060",
+        "--prometheus",
+    ];
+    for (extra, says) in [
+        (
+            vec![
+                "http://127.0.0.1:9",
+                "--prometheus-user",
+                "admin",
+                "--prometheus-password-file",
+                &pw,
+            ],
+            "needs https://",
+        ),
+        (vec!["https://admin:secret@127.0.0.1:9"], "not in the URL"),
+        (
+            vec![
+                "https://127.0.0.1:9",
+                "--prometheus-user",
+                "admin",
+                "--prometheus-password-file",
+                &empty.display().to_string(),
+            ],
+            "is empty",
+        ),
+        (
+            vec![
+                "https://127.0.0.1:9",
+                "--prometheus-ca",
+                &not_a_ca.display().to_string(),
+            ],
+            "holds no PEM certificate",
+        ),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let o = crate::support::run(&args);
+        assert_eq!(o.code, Some(2), "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(says), "{args:?}: {}", o.stderr);
+        assert!(
+            !o.stderr.contains("secret"),
+            "{args:?} printed the password: {}",
+            o.stderr
+        );
+    }
 }

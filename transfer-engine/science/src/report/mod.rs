@@ -169,6 +169,9 @@ fn router_series(
 
 /// Renders the whole page.
 pub fn render(opts: &ReportOptions) -> Result<String> {
+    if let Some(source) = &opts.prometheus {
+        source.check()?;
+    }
     let results = Results::load(&opts.dir)?;
     if results.is_empty() && opts.prometheus.is_none() {
         return Err(Error::Usage(format!(
