@@ -33,10 +33,25 @@ def pytest_runtest_logfinish(nodeid, location):
 _outcomes = {}
 
 
+# Lines of a failure's report printed the moment it fails: a stage that is
+# killed later (its time limit, a CI run stopped by hand) still shows why.
+FAILURE_TAIL_LINES = 40
+
+
 def pytest_runtest_logreport(report):
     # The first failure or skip decides; "passed" only when every phase passed.
     if report.outcome != "passed" or report.when == "call":
         _outcomes.setdefault(report.nodeid, report.outcome.upper())
+    if report.failed:
+        lines = report.longreprtext.splitlines()[-FAILURE_TAIL_LINES:]
+        _progress_line("%s failed in %s; its report ends:" % (report.nodeid, report.when))
+        for line in lines:
+            _progress_line("  | " + line)
+        printed = report.capstdout.splitlines()[-FAILURE_TAIL_LINES // 2 :]
+        if printed:
+            _progress_line("%s printed before it failed:" % report.nodeid)
+            for line in printed:
+                _progress_line("  | " + line)
 
 
 def pytest_report_teststatus(report, config):
