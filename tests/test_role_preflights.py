@@ -286,3 +286,110 @@ def test_the_prometheus_role_refuses_a_self_scrape_its_own_door_refuses(tmp_path
     passed, output = preflight(tmp_path, "prometheus", **web, **overrides)
     assert not passed, output[-3000:]
     assert "with prometheus_self_scrape, TLS" in output, output[-3000:]
+
+
+# iperf3's RSA login from the inventory (roles/longhaul_engine): the preflight reads
+# only the key's PEM head, so a head with any body stands for a key here.
+IPERF3_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----"
+IPERF3_USER = {"name": "noc", "password": "eight-or-more"}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY},
+        {"longhaul_engine_iperf3_users": [IPERF3_USER]},
+        {"longhaul_engine_iperf3_rsa_private_key": "ssh-rsa AAAA", "longhaul_engine_iperf3_users": [IPERF3_USER]},
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "a,b", "password": "eight-or-more"}],
+        },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "noc", "password": "short"}],
+        },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "noc", "password": "two\nlines here"}],
+        },
+        {"longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY, "longhaul_engine_iperf3_users": [IPERF3_USER] * 2},
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [IPERF3_USER],
+            "longhaul_engine_iperf3_rsa_private_key_path": "/etc/k.pem",
+            "longhaul_engine_iperf3_authorized_users_path": "/etc/u",
+        },
+    ],
+    ids=["key-alone", "users-alone", "not-pem", "comma-in-name", "short-password", "two-line-password",
+         "user-twice", "key-and-paths"],
+)
+def test_the_engine_role_refuses_an_iperf3_login_it_cannot_write(tmp_path, overrides):
+    passed, output = preflight(tmp_path, "longhaul_engine", **ENGINE, **overrides)
+    assert not passed, output[-3000:]
+    assert "iperf3 authentication" in output, output[-3000:]
+
+
+def test_the_engine_role_takes_an_iperf3_login_from_the_inventory(tmp_path):
+    passed, output = preflight(
+        tmp_path,
+        "longhaul_engine",
+        **ENGINE,
+        longhaul_engine_iperf3_rsa_private_key=IPERF3_KEY,
+        longhaul_engine_iperf3_users=[IPERF3_USER, {"name": "perfsonar@site-b", "password": "x" * 8}],
+    )
+    assert passed, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"influxdb_https_cert_file": TLS["cert_file"]},
+        {"influxdb_https_key_file": TLS["key_file"]},
+        {"influxdb_https_key_group": "ssl-cert"},
+        {"influxdb_https_ca_file": "/etc/ca.pem"},
+        {"influxdb_https_cert_file": TLS["cert_file"], "influxdb_https_key_file": TLS["key_file"],
+         "influxdb_https_key_group": "ssl cert"},
+    ],
+    ids=["cert-alone", "key-alone", "group-without-tls", "ca-without-tls", "bad-group"],
+)
+def test_the_influxdb_role_refuses_https_without_its_files(tmp_path, overrides):
+    passed, output = preflight(tmp_path, "influxdb", influxdb_admin_password="eight-or-more", **overrides)
+    assert not passed, output[-3000:]
+    assert "influxdb_https_cert_file and influxdb_https_key_file go together" in output, output[-3000:]
+
+
+TELEGRAF_TLS = {
+    "telegraf_binary_src": "/bin/true",
+    "telegraf_prometheus_client_tls_cert": TLS["cert_file"],
+    "telegraf_prometheus_client_tls_key": TLS["key_file"],
+}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"telegraf_prometheus_client_basic_username": "prometheus", "telegraf_prometheus_client_basic_password": "p" * 32},
+        {**TELEGRAF_TLS, "telegraf_prometheus_client_basic_username": "prometheus"},
+        {**TELEGRAF_TLS, "telegraf_prometheus_client_basic_password": "p" * 32},
+        {**TELEGRAF_TLS, "telegraf_prometheus_client_basic_username": "a:b",
+         "telegraf_prometheus_client_basic_password": "p" * 32},
+        {"telegraf_prometheus_client_tls_cert": TLS["cert_file"]},
+    ],
+    ids=["password-without-tls", "user-alone", "password-alone", "colon-in-user", "cert-alone"],
+)
+def test_the_telegraf_role_refuses_a_prometheus_login_it_cannot_guard(tmp_path, overrides):
+    passed, output = preflight(tmp_path, "telegraf", **{"telegraf_binary_src": "/bin/true", **overrides})
+    assert not passed, output[-3000:]
+    assert "a password needs TLS" in output, output[-3000:]
+
+
+def test_the_telegraf_role_takes_tls_with_its_user(tmp_path):
+    passed, output = preflight(
+        tmp_path,
+        "telegraf",
+        **TELEGRAF_TLS,
+        telegraf_prometheus_client_tls_key_group="ssl-cert",
+        telegraf_prometheus_client_basic_username="prometheus",
+        telegraf_prometheus_client_basic_password="p" * 32,
+    )
+    assert passed, output[-3000:]

@@ -169,7 +169,7 @@ class Lab:
         # to the admin user only, with a certificate of the inventory's CA.
         self.prometheus_url = "https://%s:9090" % self.monitor
         self.alertmanager_url = "https://%s:9093" % self.monitor
-        self.influxdb_url = "http://%s:8086" % self.monitor
+        self.influxdb_url = "https://%s:8086" % self.monitor
         self.central_url = "https://%s:9090" % env["LAB_IP_CENTRAL"]
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)

@@ -245,12 +245,16 @@ def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
     )
     assert wrong.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in wrong.stderr, wrong.stderr[-1000:]
     influx = sources["influxdb"]
+    # InfluxDB over https on the monitor's lab address, with the CA's text
+    assert influx["url"].startswith("https://"), influx["url"]
+    assert influx["jsonData"]["tlsAuthWithCACert"] is True, influx["jsonData"]
     query = urllib.parse.urlencode({"db": influx["jsonData"]["dbName"], "q": "SHOW MEASUREMENTS"})
     out = ask(
         {
             "url": "%s/query?%s" % (influx["url"], query),
             "user": influx["user"],
             "password": influx["secureJsonData"]["password"],
+            "ca": influx["secureJsonData"]["tlsCACert"],
         }
     )
     assert "interface" in out, out

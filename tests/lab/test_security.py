@@ -2,9 +2,10 @@
 certificates and the scrape user's password, as users run it.
 
 From a lab host that has no credentials (the router: it holds the CA, which is
-public, and its own certificate, but no password), every exporter, both
-Prometheus servers and Alertmanager answer 401 over TLS, with or without a wrong
-password, and plain HTTP gets nothing; with the password the controller
+public, and its own certificate, but no password), every exporter (Telegraf's
+Prometheus output among them), both Prometheus servers, Alertmanager and
+InfluxDB answer 401 over TLS, with or without a wrong password, and plain HTTP
+gets nothing; with the password the controller
 generated, the same request is answered, so the 401 is the password's doing.
 A forged remote write to the central Prometheus is refused and none of its
 samples appears there, while the same write with the sites' credentials lands;
@@ -63,8 +64,10 @@ def probe(lab, host, requests):
 
 
 def exporters(lab):
-    """(inventory name, address, port) of every exporter Prometheus scrapes."""
+    """(inventory name, address, port) of every exporter Prometheus scrapes:
+    node_exporter, longhaul-exporter, and Telegraf's Prometheus output."""
     found = [(name, lab.address[name], 9100) for name in ("router", "monitor")]
+    found.append(("monitor", lab.address["monitor"], 9273))
     for host in sorted(transfer_hosts()):
         found += [(host, lab.address[host], 9100), (host, lab.address[host], 9743)]
     return found
@@ -98,6 +101,37 @@ def test_every_exporter_refuses_a_host_without_the_password(provisioned):
         assert answers[4]["status"] == 200 and "# HELP" in answers[4]["body"], (
             "%s refused the scrape user: %s" % (where, answers[4])
         )
+
+
+def test_influxdb_answers_its_users_only_over_tls(provisioned):
+    """InfluxDB on the monitor (bound to its lab address): over TLS, no password,
+    a wrong one or a wrong user get 401 and no data; plain HTTP gets nothing of
+    InfluxDB's; the readers' password reads the routers database, so the 401
+    is the password's doing."""
+    lab = provisioned
+    reader = lab.secret("influxdb-grafana-password")
+    query = "/query?db=routers&q=SHOW%20MEASUREMENTS"
+    https = lab.influxdb_url + query
+    assert https.startswith("https://"), https
+    answers = probe(
+        lab,
+        "router",
+        [
+            {"url": https},
+            {"url": https, "user": "grafana", "password": "not-the-password"},
+            {"url": https, "user": "someone", "password": reader},
+            {"url": https.replace("https://", "http://", 1)},
+            {"url": https, "user": "grafana", "password": reader},
+        ],
+    )
+    for answer, what in zip(answers[:3], ("no password", "a wrong password", "a wrong user")):
+        assert answer["status"] == 401, "InfluxDB with %s: %s" % (what, answer)
+        assert "interface" not in answer["body"], answer
+    plain = answers[3]
+    assert plain["status"] != 200 and "results" not in plain["body"], (
+        "InfluxDB answered plain HTTP: %s" % plain
+    )
+    assert answers[4]["status"] == 200 and "interface" in answers[4]["body"], answers[4]
 
 
 def test_prometheus_scrapes_every_exporter_over_verified_tls(provisioned):
