@@ -312,6 +312,18 @@ IPERF3_USER = {"name": "noc", "password": "eight-or-more"}
             "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
             "longhaul_engine_iperf3_users": [{"name": "noc", "password": "two\nlines here"}],
         },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "noc", "password": "two words here"}],
+        },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "noc", "password": "x" * 129}],
+        },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "noc\n", "password": "eight-or-more"}],
+        },
         {"longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY, "longhaul_engine_iperf3_users": [IPERF3_USER] * 2},
         {
             "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
@@ -321,7 +333,7 @@ IPERF3_USER = {"name": "noc", "password": "eight-or-more"}
         },
     ],
     ids=["key-alone", "users-alone", "not-pem", "comma-in-name", "short-password", "two-line-password",
-         "user-twice", "key-and-paths"],
+         "space-in-password", "password-too-long", "name-with-newline", "user-twice", "key-and-paths"],
 )
 def test_the_engine_role_refuses_an_iperf3_login_it_cannot_write(tmp_path, overrides):
     passed, output = preflight(tmp_path, "longhaul_engine", **ENGINE, **overrides)
@@ -335,7 +347,7 @@ def test_the_engine_role_takes_an_iperf3_login_from_the_inventory(tmp_path):
         "longhaul_engine",
         **ENGINE,
         longhaul_engine_iperf3_rsa_private_key=IPERF3_KEY,
-        longhaul_engine_iperf3_users=[IPERF3_USER, {"name": "perfsonar@site-b", "password": "x" * 8}],
+        longhaul_engine_iperf3_users=[IPERF3_USER, {"name": "perfsonar@site-b", "password": "x" * 128}],
     )
     assert passed, output[-3000:]
 
@@ -391,5 +403,39 @@ def test_the_telegraf_role_takes_tls_with_its_user(tmp_path):
         telegraf_prometheus_client_tls_key_group="ssl-cert",
         telegraf_prometheus_client_basic_username="prometheus",
         telegraf_prometheus_client_basic_password="p" * 32,
+    )
+    assert passed, output[-3000:]
+
+
+JOB_LOGIN = {"username": "telegraf", "password": "p" * 32}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"prometheus_scrape_job_basic_auth": {"telegraf": JOB_LOGIN}},
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": {"tele graf": JOB_LOGIN}},
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": {"telegraf": {"username": "t"}}},
+        {
+            "prometheus_scrape_tls_ca_file": "/ca.crt",
+            "prometheus_scrape_job_basic_auth": {"telegraf": {"username": "", "password": "p" * 32}},
+        },
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": {"telegraf": "secret"}},
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": ["telegraf"]},
+    ],
+    ids=["without-the-ca", "space-in-job", "no-password", "empty-user", "not-a-login", "not-a-mapping"],
+)
+def test_the_prometheus_role_refuses_a_jobs_login_it_cannot_guard(tmp_path, overrides):
+    passed, output = preflight(tmp_path, "prometheus", **overrides)
+    assert not passed, output[-3000:]
+    assert "prometheus_scrape_job_basic_auth must map job names" in output, output[-3000:]
+
+
+def test_the_prometheus_role_takes_a_jobs_login_over_tls(tmp_path):
+    passed, output = preflight(
+        tmp_path,
+        "prometheus",
+        prometheus_scrape_tls_ca_file="/ca.crt",
+        prometheus_scrape_job_basic_auth={"telegraf": JOB_LOGIN, "other_job-2": JOB_LOGIN},
     )
     assert passed, output[-3000:]

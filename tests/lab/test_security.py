@@ -22,6 +22,8 @@ import time
 from labkit import SECRETS, SITE, transfer_hosts, wait_until
 CA = "/usr/local/share/ca-certificates/longhaul-ca.crt"
 HOST_CERT = "/etc/ssl/certs/longhaul-host.pem"
+# Telegraf's Prometheus output, on the monitor
+TELEGRAF_PORT = 9273
 
 # Run in a lab host: each request of stdin's list, its status (or the error).
 PROBE = r"""
@@ -67,7 +69,7 @@ def exporters(lab):
     """(inventory name, address, port) of every exporter Prometheus scrapes:
     node_exporter, longhaul-exporter, and Telegraf's Prometheus output."""
     found = [(name, lab.address[name], 9100) for name in ("router", "monitor")]
-    found.append(("monitor", lab.address["monitor"], 9273))
+    found.append(("monitor", lab.address["monitor"], TELEGRAF_PORT))
     for host in sorted(transfer_hosts()):
         found += [(host, lab.address[host], 9100), (host, lab.address[host], 9743)]
     return found
@@ -75,11 +77,25 @@ def exporters(lab):
 
 def test_every_exporter_refuses_a_host_without_the_password(provisioned):
     lab = provisioned
-    password = (SECRETS / "credentials" / "scrape").read_text().strip()
-    assert len(password) == 32
+    scrape = (SECRETS / "credentials" / "scrape").read_text().strip()
+    telegraf = (SECRETS / "credentials" / "telegraf").read_text().strip()
+    assert len(scrape) == len(telegraf) == 32 and scrape != telegraf
     for _, address, port in exporters(lab):
         url = "https://%s:%d/metrics" % (address, port)
-        refused_without_the_password(lab, url, "prometheus", password, "# HELP")
+        # Telegraf keeps its password in clear: a login of its own, which opens
+        # nothing else, and the scrape user's (Prometheus' own login) is not it.
+        if port == TELEGRAF_PORT:
+            refused_without_the_password(lab, url, "telegraf", telegraf, "# HELP")
+            [answer] = probe(lab, "router", [{"url": url, "user": "prometheus", "password": scrape}])
+            assert answer["status"] == 401, answer
+        else:
+            refused_without_the_password(lab, url, "prometheus", scrape, "# HELP")
+    config = lab.sh("monitor", "cat /etc/telegraf/telegraf.conf").stdout
+    own, prometheus_s = telegraf in config, scrape in config
+    assert own and not prometheus_s, "telegraf.conf holds its password: %s, the scrape user's: %s" % (
+        own,
+        prometheus_s,
+    )
 
 
 def test_influxdb_answers_its_users_only_over_tls(provisioned):
