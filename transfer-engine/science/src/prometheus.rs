@@ -248,8 +248,18 @@ pub struct PromSeries {
     pub points: Vec<(f64, f64)>,
 }
 
+/// The TLS error inside an I/O error (rustls reports a refused certificate
+/// through the stream it wraps), as text.
+fn tls_refusal(io: &std::io::Error) -> Option<String> {
+    io.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .map(|e| e.to_string())
+}
+
 /// GETs `url` of `source` with the query `params`; returns the body of a
-/// 200 answer.
+/// 200 answer. What no other query would get past (a refused certificate,
+/// a refused password, nothing listening) is [`Error::Refused`]; the report
+/// stops on it rather than note it under every figure.
 fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(Error::Usage(format!(
@@ -259,6 +269,15 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     let agent = source.agent()?;
     let authorization = source.authorization()?;
     let fail = |e: ureq::Error| match e {
+        ureq::Error::Io(io) if tls_refusal(&io).is_some() => Error::Refused(format!(
+            "Prometheus at {url}: its certificate is refused ({}): give the CA that signed it \
+             with --prometheus-ca",
+            tls_refusal(&io).unwrap_or_default()
+        )),
+        ureq::Error::Rustls(tls) => Error::Refused(format!(
+            "Prometheus at {url}: TLS failed ({tls}): give the CA that signed its certificate \
+             with --prometheus-ca"
+        )),
         ureq::Error::Io(io) => Error::io(format!("asking Prometheus at {url}"), io),
         ureq::Error::Timeout(_) => Error::Timeout(format!(
             "Prometheus at {url}: no complete answer within {} s",

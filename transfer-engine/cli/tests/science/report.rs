@@ -488,20 +488,52 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
         !html.contains("401") && !html.contains("certificate"),
         "{html}"
     );
+    // What no query gets past stops the report (exit 1, the cause named, no page
+    // written): before, each became a note under every figure and the run
+    // succeeded with a page of notes.
+    let refused = |url: &str, ca: &std::path::Path, password: &std::path::Path| {
+        std::fs::remove_file(&html_path).ok();
+        let d = dir.path().display().to_string();
+        let out = html_path.display().to_string();
+        let (ca, password) = (ca.display().to_string(), password.display().to_string());
+        let args = [
+            "report",
+            &d,
+            "--out",
+            &out,
+            "--prometheus",
+            url,
+            "--from",
+            "1000",
+            "--to",
+            "1060",
+            "--prometheus-ca",
+            &ca,
+            "--prometheus-user",
+            "admin",
+            "--prometheus-password-file",
+            &password,
+        ];
+        let o = crate::support::run(&args);
+        assert_eq!(o.code, Some(1), "{args:?}: {}", o.stderr);
+        assert!(!html_path.exists(), "{args:?} wrote a page");
+        assert!(!o.stderr.contains("a guess") && !o.stderr.contains("the admin password"));
+        o.stderr
+    };
     // A wrong password: 401, named.
-    let html = asking(&ca_file, &wrong);
-    assert!(html.contains("wants a user and password (401)"), "{html}");
-    assert!(!html.contains("no data in the range"), "{html}");
+    let said = refused(&prom.url, &ca_file, &wrong);
+    assert!(said.contains("wants a user and password (401)"), "{said}");
     // Another CA: the certificate is refused before any password is sent.
-    let html = asking(&other_ca, &right);
-    assert!(
-        !html.contains("no data in the range") && !html.contains("(401)"),
-        "{html}"
-    );
-    assert!(
-        html.to_lowercase().contains("certificate") || html.contains("UnknownIssuer"),
-        "{html}"
-    );
+    let said = refused(&prom.url, &other_ca, &right);
+    assert!(said.contains("its certificate is refused"), "{said}");
+    assert!(!said.contains("(401)"), "{said}");
+    // Nothing listening there.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let said = refused(&format!("https://{closed}"), &ca_file, &right);
+    assert!(said.contains("refused"), "{said}");
 }
 
 /// What can be known before asking is an error (exit 2), never a note per

@@ -5,7 +5,7 @@
 //! engine's beside the router's; Prometheus series of a time range. Each is drawn
 //! with [`crate::charts`] and captioned for the page.
 
-use longhaul_engine::Result;
+use longhaul_engine::{Error, Result};
 use longhaul_units::{format_bps, format_bytes, size_arg};
 use serde_json::Value;
 
@@ -660,18 +660,21 @@ pub fn fig_messages(files: &[SweepFile]) -> Result<Vec<Figure>> {
     ])
 }
 
-/// The Prometheus figures of a time range; failed queries become notes.
+/// The Prometheus figures of a time range; failed queries become notes,
+/// except a Prometheus that refuses to be asked (its certificate, the
+/// password, nothing listening): the report stops with that error.
 pub fn fig_prometheus(
     source: &prometheus::Source,
     from: &str,
     to: &str,
     step: f64,
     notes: &mut Vec<String>,
-) -> Vec<Figure> {
+) -> Result<Vec<Figure>> {
     let mut figs = Vec::new();
     for (n, q) in QUERIES.iter().enumerate() {
         let series = match prometheus::query_range(source, q, from, to, step) {
             Ok(s) => s,
+            Err(e @ Error::Refused(_)) => return Err(e),
             Err(e) => {
                 notes.push(format!("Prometheus, {}: {e}", q.title));
                 continue;
@@ -733,7 +736,7 @@ pub fn fig_prometheus(
             caption,
         });
     }
-    figs
+    Ok(figs)
 }
 
 /// One run's throughput over absolute time: its [`throughput_steps`] (or

@@ -79,7 +79,7 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
         let mut figs = Vec::new();
         for (n, phase) in r.phases.iter().enumerate() {
             let router = match &opts.prometheus {
-                Some(source) => router_series(source, &phase.value, opts.step, notes),
+                Some(source) => router_series(source, &phase.value, opts.step, notes)?,
                 None => Vec::new(),
             };
             figs.extend(fig_phase_aggregate(n, phase, &r.runs, &router)?);
@@ -133,7 +133,7 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
             Section {
                 title: "Prometheus".into(),
                 intro: format!("{} from {} to {}.", esc(&source.url), esc(from), esc(to)),
-                figures: fig_prometheus(source, from, to, step, notes),
+                figures: fig_prometheus(source, from, to, step, notes)?,
             },
             "",
         );
@@ -142,13 +142,14 @@ pub fn sections(r: &Results, opts: &ReportOptions, notes: &mut Vec<String>) -> R
 }
 
 /// The routers' interfaces over a phase's time (and half a minute either
-/// side); a failed query is a note, not an error.
+/// side); a failed query is a note, not an error, unless Prometheus refuses
+/// to be asked at all (see [`crate::prometheus`]).
 fn router_series(
     source: &crate::prometheus::Source,
     phase: &serde_json::Value,
     step: Option<f64>,
     notes: &mut Vec<String>,
-) -> Vec<crate::prometheus::PromSeries> {
+) -> Result<Vec<crate::prometheus::PromSeries>> {
     let from = results::field(phase, "started_unix") - 30.0;
     let to = results::field(phase, "ended_unix") + 30.0;
     let step = step.unwrap_or(PHASE_STEP);
@@ -159,10 +160,11 @@ fn router_series(
         &format!("{to:.3}"),
         step,
     ) {
-        Ok(s) => s,
+        Ok(s) => Ok(s),
+        Err(e @ Error::Refused(_)) => Err(e),
         Err(e) => {
             notes.push(format!("Prometheus, routers during phase: {e}"));
-            Vec::new()
+            Ok(Vec::new())
         }
     }
 }
