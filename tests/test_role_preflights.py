@@ -324,6 +324,14 @@ IPERF3_USER = {"name": "noc", "password": "eight-or-more"}
             "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
             "longhaul_engine_iperf3_users": [{"name": "noc\n", "password": "eight-or-more"}],
         },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "n" * 64, "password": "x" * 121}],
+        },
+        {
+            "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
+            "longhaul_engine_iperf3_users": [{"name": "noc", "password": "\u00e9" * 8}],
+        },
         {"longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY, "longhaul_engine_iperf3_users": [IPERF3_USER] * 2},
         {
             "longhaul_engine_iperf3_rsa_private_key": IPERF3_KEY,
@@ -331,9 +339,14 @@ IPERF3_USER = {"name": "noc", "password": "eight-or-more"}
             "longhaul_engine_iperf3_rsa_private_key_path": "/etc/k.pem",
             "longhaul_engine_iperf3_authorized_users_path": "/etc/u",
         },
+        {
+            "longhaul_engine_iperf3_rsa_private_key_path": "/etc/longhaul/iperf3/mine.pem",
+            "longhaul_engine_iperf3_authorized_users_path": "/etc/u",
+        },
     ],
     ids=["key-alone", "users-alone", "not-pem", "comma-in-name", "short-password", "two-line-password",
-         "space-in-password", "password-too-long", "name-with-newline", "user-twice", "key-and-paths"],
+         "space-in-password", "password-too-long", "name-with-newline", "login-over-one-block", "not-ascii",
+         "user-twice", "key-and-paths", "own-files-in-the-roles-directory"],
 )
 def test_the_engine_role_refuses_an_iperf3_login_it_cannot_write(tmp_path, overrides):
     passed, output = preflight(tmp_path, "longhaul_engine", **ENGINE, **overrides)
@@ -347,7 +360,11 @@ def test_the_engine_role_takes_an_iperf3_login_from_the_inventory(tmp_path):
         "longhaul_engine",
         **ENGINE,
         longhaul_engine_iperf3_rsa_private_key=IPERF3_KEY,
-        longhaul_engine_iperf3_users=[IPERF3_USER, {"name": "perfsonar@site-b", "password": "x" * 128}],
+        longhaul_engine_iperf3_users=[
+            IPERF3_USER,
+            {"name": "perfsonar@site-b", "password": "x" * 128},
+            {"name": "n" * 64, "password": "x" * 120},
+        ],
     )
     assert passed, output[-3000:]
 
@@ -422,13 +439,16 @@ JOB_LOGIN = {"username": "telegraf", "password": "p" * 32}
         },
         {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": {"telegraf": "secret"}},
         {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": ["telegraf"]},
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": {"telgraf": JOB_LOGIN}},
+        {"prometheus_scrape_tls_ca_file": "/ca.crt", "prometheus_scrape_job_basic_auth": {"telegraf\n": JOB_LOGIN}},
     ],
-    ids=["without-the-ca", "space-in-job", "no-password", "empty-user", "not-a-login", "not-a-mapping"],
+    ids=["without-the-ca", "space-in-job", "no-password", "empty-user", "not-a-login", "not-a-mapping",
+         "no-such-job", "newline-in-job"],
 )
 def test_the_prometheus_role_refuses_a_jobs_login_it_cannot_guard(tmp_path, overrides):
     passed, output = preflight(tmp_path, "prometheus", **overrides)
     assert not passed, output[-3000:]
-    assert "prometheus_scrape_job_basic_auth must map job names" in output, output[-3000:]
+    assert "prometheus_scrape_job_basic_auth must map jobs" in output, output[-3000:]
 
 
 def test_the_prometheus_role_takes_a_jobs_login_over_tls(tmp_path):
@@ -436,6 +456,6 @@ def test_the_prometheus_role_takes_a_jobs_login_over_tls(tmp_path):
         tmp_path,
         "prometheus",
         prometheus_scrape_tls_ca_file="/ca.crt",
-        prometheus_scrape_job_basic_auth={"telegraf": JOB_LOGIN, "other_job-2": JOB_LOGIN},
+        prometheus_scrape_job_basic_auth={"telegraf": JOB_LOGIN, "node": JOB_LOGIN},
     )
     assert passed, output[-3000:]

@@ -249,17 +249,22 @@ pub struct PromSeries {
 }
 
 /// The TLS error inside an I/O error (rustls reports a refused certificate
-/// through the stream it wraps), as text.
+/// through the stream it wraps), said as what to do about it.
 fn tls_refusal(io: &std::io::Error) -> Option<String> {
-    io.get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .map(|e| e.to_string())
+    let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+    Some(match tls {
+        rustls::Error::InvalidCertificate(why) => format!(
+            "its certificate is refused ({why:?}): give the CA that signed it with \
+             --prometheus-ca"
+        ),
+        other => format!("TLS failed: {other}"),
+    })
 }
 
 /// GETs `url` of `source` with the query `params`; returns the body of a
 /// 200 answer. What no other query would get past (a refused certificate,
 /// a refused password, nothing listening) is [`Error::Refused`]; the report
-/// stops on it rather than note it under every figure.
+/// stops on it rather than note it under every figure (see [`reach`]).
 fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(Error::Usage(format!(
@@ -270,13 +275,8 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     let authorization = source.authorization()?;
     let fail = |e: ureq::Error| match e {
         ureq::Error::Io(io) if tls_refusal(&io).is_some() => Error::Refused(format!(
-            "Prometheus at {url}: its certificate is refused ({}): give the CA that signed it \
-             with --prometheus-ca",
+            "Prometheus at {url}: {}",
             tls_refusal(&io).unwrap_or_default()
-        )),
-        ureq::Error::Rustls(tls) => Error::Refused(format!(
-            "Prometheus at {url}: TLS failed ({tls}): give the CA that signed its certificate \
-             with --prometheus-ca"
         )),
         ureq::Error::Io(io) => Error::io(format!("asking Prometheus at {url}"), io),
         ureq::Error::Timeout(_) => Error::Timeout(format!(
@@ -316,6 +316,31 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
         )));
     }
     Ok(body)
+}
+
+/// Asks Prometheus once before any figure (its build information): what
+/// stops this request stops the report (exit 1), rather than become a note
+/// under every figure: nothing listening or no such host, no answer in
+/// time, its certificate refused, a refused password (401), a plain-HTTP
+/// request to its TLS port (400). A Prometheus still loading its storage
+/// (503) is reached: its queries become notes.
+pub fn reach(source: &Source) -> Result<()> {
+    let endpoint = format!(
+        "{}/api/v1/status/buildinfo",
+        source.url.trim_end_matches('/')
+    );
+    match get(source, &endpoint, &[]) {
+        Ok(_) => Ok(()),
+        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered 503") => Ok(()),
+        Err(e @ Error::Refused(_)) => Err(e),
+        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered 400") => Err(Error::Refused(
+            format!("{m} (plain HTTP to a TLS port? site.yml's Prometheus wants https://)"),
+        )),
+        Err(e) => Err(Error::Refused(format!(
+            "Prometheus at {} cannot be asked: {e}",
+            source.url
+        ))),
+    }
 }
 
 /// Runs one range query. `from`/`to` are anything Prometheus accepts

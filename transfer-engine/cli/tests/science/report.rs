@@ -167,7 +167,8 @@ fn report_has_every_figure_with_sane_sizes() {
     std::fs::write(results.join("advice.json"), advice).unwrap();
     std::fs::write(results.join("notes.json"), "not json").unwrap();
 
-    let (prom, prom_thread) = fake_prometheus(5);
+    // Its build information first, then one query per figure.
+    let (prom, prom_thread) = fake_prometheus(6);
     let out = dir.path().join("report.html");
     let printed = ok(&[
         "report",
@@ -183,16 +184,21 @@ fn report_has_every_figure_with_sane_sizes() {
     ]);
     assert!(printed.contains("report written to"), "{printed}");
     let requests = prom_thread.join().unwrap();
-    assert_eq!(requests.len(), 5);
+    assert_eq!(requests.len(), 6);
     assert!(
-        requests[0].starts_with("GET /api/v1/query_range?query="),
+        requests[0].starts_with("GET /api/v1/status/buildinfo "),
         "{}",
         requests[0]
     );
     assert!(
-        requests[0].contains("start=2026-11-21T08%3A00%3A00Z"),
+        requests[1].starts_with("GET /api/v1/query_range?query="),
         "{}",
-        requests[0]
+        requests[1]
+    );
+    assert!(
+        requests[1].contains("start=2026-11-21T08%3A00%3A00Z"),
+        "{}",
+        requests[1]
     );
 
     let html = std::fs::read_to_string(&out).unwrap();
@@ -326,7 +332,7 @@ fn a_phase_gets_its_aggregate_per_direction_engine_and_router() {
     assert!(html.contains("started 0.500 s apart"), "{html}");
 
     // With Prometheus: the routers' interfaces over the phase's window.
-    let (prom, prom_thread) = fake_prometheus(6);
+    let (prom, prom_thread) = fake_prometheus(7);
     ok(&[
         "report",
         &dir.path().display().to_string(),
@@ -341,9 +347,9 @@ fn a_phase_gets_its_aggregate_per_direction_engine_and_router() {
     ]);
     let requests = prom_thread.join().unwrap();
     assert!(
-        requests[0].contains("interface_ifHCOutOctets") && requests[0].contains("start=970.000"),
+        requests[1].contains("interface_ifHCOutOctets") && requests[1].contains("start=970.000"),
         "{}",
-        requests[0]
+        requests[1]
     );
     let html = std::fs::read_to_string(&html_path).unwrap();
     assert!(
@@ -534,6 +540,23 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
         .unwrap();
     let said = refused(&format!("https://{closed}"), &ca_file, &right);
     assert!(said.contains("refused"), "{said}");
+    // No such host (.invalid never resolves, RFC 2606).
+    let said = refused("https://prometheus.invalid:9090", &ca_file, &right);
+    assert!(said.contains("cannot be asked"), "{said}");
+    // https to a port that speaks plain HTTP (it answers the TLS greeting with a
+    // 400, as Go's servers do): TLS fails, and it is not the certificate.
+    let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+    let plain_addr = plain.local_addr().unwrap();
+    let _plain = std::thread::spawn(move || {
+        if let Ok((mut s, _)) = plain.accept() {
+            let mut greeting = [0u8; 512];
+            let _ = s.read(&mut greeting);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n");
+        }
+    });
+    let said = refused(&format!("https://{plain_addr}"), &ca_file, &right);
+    assert!(said.contains("TLS failed"), "{said}");
+    assert!(!said.contains("certificate is refused"), "{said}");
 }
 
 /// What can be known before asking is an error (exit 2), never a note per

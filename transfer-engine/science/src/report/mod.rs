@@ -173,6 +173,7 @@ fn router_series(
 pub fn render(opts: &ReportOptions) -> Result<String> {
     if let Some(source) = &opts.prometheus {
         source.check()?;
+        crate::prometheus::reach(source)?;
     }
     let results = Results::load(&opts.dir)?;
     if results.is_empty() && opts.prometheus.is_none() {
