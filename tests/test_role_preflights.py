@@ -343,10 +343,18 @@ IPERF3_USER = {"name": "noc", "password": "eight-or-more"}
             "longhaul_engine_iperf3_rsa_private_key_path": "/etc/longhaul/iperf3/mine.pem",
             "longhaul_engine_iperf3_authorized_users_path": "/etc/u",
         },
+        {
+            "longhaul_engine_iperf3_rsa_private_key_path": "/etc/k.pem",
+            "longhaul_engine_iperf3_authorized_users_path": "/etc/longhaul//iperf3/users",
+        },
+        {
+            "longhaul_engine_iperf3_rsa_private_key_path": "/etc/longhaul/./iperf3/mine.pem",
+            "longhaul_engine_iperf3_authorized_users_path": "/etc/u",
+        },
     ],
     ids=["key-alone", "users-alone", "not-pem", "comma-in-name", "short-password", "two-line-password",
          "space-in-password", "password-too-long", "name-with-newline", "login-over-one-block", "not-ascii",
-         "user-twice", "key-and-paths", "own-files-in-the-roles-directory"],
+         "user-twice", "key-and-paths", "own-files-in-the-roles-directory", "double-slash", "dot-segment"],
 )
 def test_the_engine_role_refuses_an_iperf3_login_it_cannot_write(tmp_path, overrides):
     passed, output = preflight(tmp_path, "longhaul_engine", **ENGINE, **overrides)

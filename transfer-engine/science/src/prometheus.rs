@@ -1,6 +1,7 @@
 //! Pulling the report's series from Prometheus (`report --prometheus URL
-//! --from T --to T`): the HTTP API's `query_range`, one GET per figure with
-//! ureq (docs/http.md), under one deadline and with a bounded answer. An
+//! --from T --to T`): its build information first ([`reach`]), then the
+//! HTTP API's `query_range`, one GET per figure, with ureq (docs/http.md),
+//! each under one deadline and with a bounded answer. An
 //! https Prometheus (site.yml's) is checked against a CA file (default: the
 //! host's trust store, where site.yml installs its CA) with rustls and ring,
 //! and asked with basic auth when a user is given (the password from a file,
@@ -322,8 +323,9 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
 /// stops this request stops the report (exit 1), rather than become a note
 /// under every figure: nothing listening or no such host, no answer in
 /// time, its certificate refused, a refused password (401), a plain-HTTP
-/// request to its TLS port (400). A Prometheus still loading its storage
-/// (503) is reached: its queries become notes.
+/// request to its TLS port (400). Any other answer (a Prometheus still
+/// loading its storage, 503; a store without this endpoint, 404) is
+/// reached: its queries then become notes if they fail.
 pub fn reach(source: &Source) -> Result<()> {
     let endpoint = format!(
         "{}/api/v1/status/buildinfo",
@@ -331,11 +333,15 @@ pub fn reach(source: &Source) -> Result<()> {
     );
     match get(source, &endpoint, &[]) {
         Ok(_) => Ok(()),
-        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered 503") => Ok(()),
         Err(e @ Error::Refused(_)) => Err(e),
-        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered 400") => Err(Error::Refused(
-            format!("{m} (plain HTTP to a TLS port? site.yml's Prometheus wants https://)"),
-        )),
+        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered 400") => {
+            Err(Error::Refused(format!(
+                "Prometheus at {}: {m} (plain HTTP to a TLS port? site.yml's Prometheus \
+                 wants https://)",
+                source.url
+            )))
+        }
+        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered ") => Ok(()),
         Err(e) => Err(Error::Refused(format!(
             "Prometheus at {} cannot be asked: {e}",
             source.url

@@ -10,6 +10,15 @@ use crate::support::{ok, Scratch, Server};
 
 /// Answers `n` HTTP requests with one query_range matrix, then stops.
 fn fake_prometheus(n: usize) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    fake_prometheus_first(n, "200 OK")
+}
+
+/// The same, but its first answer (the report's build information request)
+/// has the status `first`.
+fn fake_prometheus_first(
+    n: usize,
+    first: &'static str,
+) -> (String, std::thread::JoinHandle<Vec<String>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let handle = std::thread::spawn(move || {
@@ -19,7 +28,7 @@ fn fake_prometheus(n: usize) -> (String, std::thread::JoinHandle<Vec<String>>) {
             {"metric":{"direction":"send","stream":"1","instance":"xfer-a","mode":"softirq","controller":"nvme0","device":"nvme0n1"},
              "values":[[1000,"5e8"],[1015,"7e8"],[1030,"9e8"],[1045,"8e8"]]}]}}"#;
         let mut requests = Vec::new();
-        for _ in 0..n {
+        for i in 0..n {
             let Ok((mut s, _)) = listener.accept() else {
                 break;
             };
@@ -32,9 +41,10 @@ fn fake_prometheus(n: usize) -> (String, std::thread::JoinHandle<Vec<String>>) {
                 }
             }
             requests.push(String::from_utf8_lossy(&req).into_owned());
+            let status = if i == 0 { first } else { "200 OK" };
             let _ = write!(
                 s,
-                "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                "HTTP/1.0 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
         }
@@ -539,10 +549,39 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
         .local_addr()
         .unwrap();
     let said = refused(&format!("https://{closed}"), &ca_file, &right);
-    assert!(said.contains("refused"), "{said}");
+    assert!(
+        said.contains("Connection refused") || said.contains("connection failed"),
+        "{said}"
+    );
     // No such host (.invalid never resolves, RFC 2606).
     let said = refused("https://prometheus.invalid:9090", &ca_file, &right);
-    assert!(said.contains("cannot be asked"), "{said}");
+    assert!(
+        said.contains("cannot be asked") && said.contains("prometheus.invalid"),
+        "{said}"
+    );
+    // Plain HTTP to its TLS port (no password or CA: those need https).
+    let plain_url = prom.url.replace("https://", "http://");
+    let d = dir.path().display().to_string();
+    let out = html_path.display().to_string();
+    let args = [
+        "report",
+        &d,
+        "--out",
+        &out,
+        "--prometheus",
+        &plain_url,
+        "--from",
+        "1000",
+        "--to",
+        "1060",
+    ];
+    let o = crate::support::run(&args);
+    assert_eq!(o.code, Some(1), "{args:?}: {}", o.stderr);
+    assert!(
+        o.stderr.contains("plain HTTP to a TLS port"),
+        "{}",
+        o.stderr
+    );
     // https to a port that speaks plain HTTP (it answers the TLS greeting with a
     // 400, as Go's servers do): TLS fails, and it is not the certificate.
     let plain = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -557,6 +596,41 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
     let said = refused(&format!("https://{plain_addr}"), &ca_file, &right);
     assert!(said.contains("TLS failed"), "{said}");
     assert!(!said.contains("certificate is refused"), "{said}");
+}
+
+/// A store without the build information endpoint (404), or a Prometheus
+/// still loading (503), is reached: the report asks its figures as before.
+#[test]
+fn a_prometheus_without_build_information_is_asked_its_figures() {
+    let dir = Scratch::new("report-no-buildinfo");
+    let run = dir.path().join("run.json");
+    std::fs::write(&run, "{}").unwrap();
+    for first in ["404 Not Found", "503 Service Unavailable"] {
+        let (prom, prom_thread) = fake_prometheus_first(6, first);
+        let out = dir.path().join("report.html");
+        let d = dir.path().display().to_string();
+        let o = crate::support::run(&[
+            "report",
+            &d,
+            "--out",
+            &out.display().to_string(),
+            "--prometheus",
+            &prom,
+            "--from",
+            "1000",
+            "--to",
+            "1060",
+        ]);
+        assert_eq!(o.code, Some(0), "{first}: {}", o.stderr);
+        let requests = prom_thread.join().unwrap();
+        assert_eq!(requests.len(), 6, "{first}");
+        assert!(
+            std::fs::read_to_string(&out)
+                .unwrap()
+                .contains("fig-prom-1"),
+            "{first}"
+        );
+    }
 }
 
 /// What can be known before asking is an error (exit 2), never a note per

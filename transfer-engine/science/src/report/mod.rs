@@ -173,9 +173,11 @@ fn router_series(
 pub fn render(opts: &ReportOptions) -> Result<String> {
     if let Some(source) = &opts.prometheus {
         source.check()?;
-        crate::prometheus::reach(source)?;
     }
     let results = Results::load(&opts.dir)?;
+    if let Some(source) = &opts.prometheus {
+        crate::prometheus::reach(source)?;
+    }
     if results.is_empty() && opts.prometheus.is_none() {
         return Err(Error::Usage(format!(
             "{} holds no longhaul results (send --json output, sweep.json, messages*.json)",
