@@ -275,11 +275,10 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     let agent = source.agent()?;
     let authorization = source.authorization()?;
     let fail = |e: ureq::Error| match e {
-        ureq::Error::Io(io) if tls_refusal(&io).is_some() => Error::Refused(format!(
-            "Prometheus at {url}: {}",
-            tls_refusal(&io).unwrap_or_default()
-        )),
-        ureq::Error::Io(io) => Error::io(format!("asking Prometheus at {url}"), io),
+        ureq::Error::Io(io) => match tls_refusal(&io) {
+            Some(why) => Error::Refused(format!("Prometheus at {url}: {why}")),
+            None => Error::io(format!("asking Prometheus at {url}"), io),
+        },
         ureq::Error::Timeout(_) => Error::Timeout(format!(
             "Prometheus at {url}: no complete answer within {} s",
             HTTP_TIMEOUT.as_secs()

@@ -507,12 +507,11 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
     // What no query gets past stops the report (exit 1, the cause named, no page
     // written): before, each became a note under every figure and the run
     // succeeded with a page of notes.
-    let refused = |url: &str, ca: &std::path::Path, password: &std::path::Path| {
+    let refused_with = |url: &str, extra: &[&str]| {
         std::fs::remove_file(&html_path).ok();
         let d = dir.path().display().to_string();
         let out = html_path.display().to_string();
-        let (ca, password) = (ca.display().to_string(), password.display().to_string());
-        let args = [
+        let mut args = vec![
             "report",
             &d,
             "--out",
@@ -523,18 +522,28 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
             "1000",
             "--to",
             "1060",
-            "--prometheus-ca",
-            &ca,
-            "--prometheus-user",
-            "admin",
-            "--prometheus-password-file",
-            &password,
         ];
+        args.extend_from_slice(extra);
         let o = crate::support::run(&args);
         assert_eq!(o.code, Some(1), "{args:?}: {}", o.stderr);
         assert!(!html_path.exists(), "{args:?} wrote a page");
         assert!(!o.stderr.contains("a guess") && !o.stderr.contains("the admin password"));
         o.stderr
+    };
+    // ... asked with a CA file and a password file.
+    let refused = |url: &str, ca: &std::path::Path, password: &std::path::Path| {
+        let (ca, password) = (ca.display().to_string(), password.display().to_string());
+        refused_with(
+            url,
+            &[
+                "--prometheus-ca",
+                &ca,
+                "--prometheus-user",
+                "admin",
+                "--prometheus-password-file",
+                &password,
+            ],
+        )
     };
     // A wrong password: 401, named.
     let said = refused(&prom.url, &ca_file, &wrong);
@@ -560,28 +569,8 @@ fn the_report_asks_a_prometheus_that_wants_tls_and_a_password() {
         "{said}"
     );
     // Plain HTTP to its TLS port (no password or CA: those need https).
-    let plain_url = prom.url.replace("https://", "http://");
-    let d = dir.path().display().to_string();
-    let out = html_path.display().to_string();
-    let args = [
-        "report",
-        &d,
-        "--out",
-        &out,
-        "--prometheus",
-        &plain_url,
-        "--from",
-        "1000",
-        "--to",
-        "1060",
-    ];
-    let o = crate::support::run(&args);
-    assert_eq!(o.code, Some(1), "{args:?}: {}", o.stderr);
-    assert!(
-        o.stderr.contains("plain HTTP to a TLS port"),
-        "{}",
-        o.stderr
-    );
+    let said = refused_with(&prom.url.replace("https://", "http://"), &[]);
+    assert!(said.contains("plain HTTP to a TLS port"), "{said}");
     // https to a port that speaks plain HTTP (it answers the TLS greeting with a
     // 400, as Go's servers do): TLS fails, and it is not the certificate.
     let plain = TcpListener::bind("127.0.0.1:0").unwrap();
