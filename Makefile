@@ -3,14 +3,14 @@
 # target is listed):
 #   make help              this list
 #   make setup             install everything a fresh Debian machine needs (idempotent)
-#   make build             release binaries, completions and man pages into dist/
+#   make build             release binaries, completions, man pages and the live view into dist/
 #   make test              everything CI runs (runs setup first): the stages below
 #   make lint              rustfmt, clippy, yamllint, ansible-lint, promtool, dashboard and licence checks
 #   make test-rust         cargo test of the workspace
 #   make test-integration  tests/ on loopback with the built binaries (needs make build)
 #   make test-roles        Molecule: every role's default scenario
 #   make test-lab          the lab end to end (needs make build; LAB_ID picks a lab)
-#   make bench             benchmarks: memory (vs iperf3 and a baseline engine), disk, exporter
+#   make bench             benchmarks: memory (vs iperf3 and a baseline engine), disk, exporter, live view
 #   make demo              the product end to end on this machine; make demo-down undoes it
 #   make demo-down         remove the demo's lab (keeps results/)
 #   make clean             remove cargo's target directory, dist/ and results/
@@ -37,11 +37,13 @@ help:
 setup:
 	@$(STAGE) setup scripts/setup
 
-# Binaries, and their shell completions and man pages (xtask), into dist/.
+# Binaries, and their shell completions and man pages (xtask), into dist/; the
+# live view (web/, its npm packages from make setup) into dist/web/.
 build:
 	@$(STAGE) build bash -c 'cargo build --release --locked --workspace --bins && \
 	  mkdir -p dist && for b in $(BINARIES); do install -m 0755 "$(CARGO_TARGET_DIR)/release/$$b" dist/; done && \
-	  "$(CARGO_TARGET_DIR)/release/xtask" shell-files dist >/dev/null'
+	  "$(CARGO_TARGET_DIR)/release/xtask" shell-files dist >/dev/null && \
+	  node web/build.mjs dist/web'
 
 lint:
 	@$(STAGE) lint scripts/lint
@@ -77,7 +79,7 @@ test-lab:
 # bench-memory builds the baseline engine (BENCH_BASELINE, a git revision) once into
 # $(LONGHAUL_CACHE)/bench-baseline/ and ends with issue 16's targets, PASS/FAIL each.
 bench: build
-	@for b in memory disk exporter; do $(STAGE) bench-$$b scripts/bench-$$b; done
+	@for b in memory disk exporter live-view; do $(STAGE) bench-$$b scripts/bench-$$b; done
 
 demo: setup build
 	@$(STAGE) demo scripts/demo

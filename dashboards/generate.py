@@ -41,6 +41,9 @@ import sys
 import typing
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perses  # noqa: E402  (beside this file: the Perses rendering)
+
 try:
     from grafana_foundation_sdk.builders import common as common_builder
     from grafana_foundation_sdk.builders import dashboard as dashboard_builder
@@ -63,6 +66,8 @@ except ImportError as error:  # pragma: no cover - the message is the point
     )
 
 TAG = "longhaul"
+# InfluxQL query text -> its PromQL twin {"expr", "legend"} (influx_target, influx_var).
+TWINS = {}
 PROM = model.DataSourceRef(type_val="prometheus", uid="${prometheus_datasource}")
 INFLUX = model.DataSourceRef(type_val="influxdb", uid="${influxdb_datasource}")
 
@@ -256,7 +261,10 @@ def prom_var(name, label, query):
     return query_var(name, label, PROM, query, all_value=".+")
 
 
-def influx_var(name, label, query):
+def influx_var(name, label, query, twin):
+    """An InfluxQL variable, and `twin`: the label_values() of the same values
+    in Prometheus, the Perses rendering's (perses.py)."""
+    TWINS[query] = {"expr": twin, "legend": ""}
     return query_var(name, label, INFLUX, query)
 
 
@@ -312,12 +320,15 @@ ROUTER_VAR = influx_var(
     "router",
     "Router",
     'SHOW TAG VALUES FROM "%s" WITH KEY = "%s"' % (SNMP_MEASUREMENT, SNMP_ROUTER_TAG),
+    "label_values(%s_ifHCInOctets, %s)" % (SNMP_MEASUREMENT, SNMP_ROUTER_TAG),
 )
 INTERFACE_VAR = influx_var(
     "interface",
     "Interface",
     'SHOW TAG VALUES FROM "%s" WITH KEY = "%s" WHERE "%s" =~ /^$router$/'
     % (SNMP_MEASUREMENT, SNMP_IF_TAG, SNMP_ROUTER_TAG),
+    'label_values(%s_ifHCInOctets{%s=~"$router"}, %s)'
+    % (SNMP_MEASUREMENT, SNMP_ROUTER_TAG, SNMP_IF_TAG),
 )
 
 
@@ -335,7 +346,13 @@ def prom_target(expr, legend="", ref="A", instant=False, table=False):
     return target
 
 
-def influx_target(query, alias, ref="A"):
+def influx_target(queries, alias, ref="A"):
+    """An InfluxQL target from `queries`, (InfluxQL, its PromQL twin): the
+    twin, with the alias's tags as legend labels, is what the Perses
+    rendering (perses.py) draws, from the counters Telegraf also publishes to
+    Prometheus."""
+    query, twin = queries
+    TWINS[query] = {"expr": twin, "legend": perses.legend_of_alias(alias)}
     return Built(InfluxQLQuery(query=query, alias=alias, ref_id=ref, datasource=INFLUX))
 
 
@@ -590,21 +607,51 @@ def stream_throughput():
     )
 
 
+def snmp_series(field):
+    """Telegraf's SNMP field as Prometheus has it (its prometheus_client
+    output: measurement_field), filtered by the router and interface variables."""
+    return '%s_%s{%s=~"$router", %s=~"$interface"}' % (
+        SNMP_MEASUREMENT,
+        field,
+        SNMP_ROUTER_TAG,
+        SNMP_IF_TAG,
+    )
+
+
+def snmp_last(field):
+    """A gauge per router interface; max over the Telegrafs that poll it."""
+    return "max by (%s, %s) (%s)" % (SNMP_ROUTER_TAG, SNMP_IF_TAG, snmp_series(field))
+
+
+def snmp_rate(field):
+    """A counter's per-second rate per router interface."""
+    return "max by (%s, %s) (rate(%s[$__rate_interval]))" % (
+        SNMP_ROUTER_TAG,
+        SNMP_IF_TAG,
+        snmp_series(field),
+    )
+
+
 def router_query(field, router_total=False, factor=" * 8", name="bps"):
     """Per-second rate of an SNMP counter per interface (or per router): by
     default bits/s of an octet counter; factor="" and a name for packet
-    counters (errors, discards)."""
+    counters (errors, discards). (InfluxQL, its PromQL twin)."""
+    twin = snmp_rate(field)
+    if router_total:
+        twin = "sum by (%s) (%s)" % (SNMP_ROUTER_TAG, twin)
+    if factor:
+        twin = "8 * %s" % twin
     inner = (
         'SELECT non_negative_derivative(mean("{f}"), 1s){x} AS "{n}" FROM "{m}" '
         'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
         'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
     ).format(f=field, x=factor, n=name, m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG)
     if not router_total:
-        return inner
+        return inner, twin
     return (
         'SELECT sum("{n}") AS "{n}" FROM ({inner}) WHERE $timeFilter '
         'GROUP BY time($__interval), "{r}" fill(none)'
-    ).format(inner=inner, n=name, r=SNMP_ROUTER_TAG)
+    ).format(inner=inner, n=name, r=SNMP_ROUTER_TAG), twin
 
 
 def router_packets_panel(title, description, in_field, out_field):
@@ -1047,11 +1094,14 @@ def router_traffic():
             [
                 influx_target(
                     (
-                        'SELECT non_negative_derivative(mean("ifHCInOctets"), 1s) * 8 '
-                        '+ non_negative_derivative(mean("ifHCOutOctets"), 1s) * 8 AS "bps" '
-                        'FROM "{m}" WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ '
-                        'AND $timeFilter GROUP BY time($__interval), "{r}", "{i}" fill(none)'
-                    ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                        (
+                            'SELECT non_negative_derivative(mean("ifHCInOctets"), 1s) * 8 '
+                            '+ non_negative_derivative(mean("ifHCOutOctets"), 1s) * 8 AS "bps" '
+                            'FROM "{m}" WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ '
+                            'AND $timeFilter GROUP BY time($__interval), "{r}", "{i}" fill(none)'
+                        ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                        "8 * (%s + %s)" % (snmp_rate("ifHCInOctets"), snmp_rate("ifHCOutOctets")),
+                    ),
                     "$tag_router $tag_ifName",
                 )
             ],
@@ -1073,10 +1123,13 @@ def router_traffic():
             [
                 influx_target(
                     (
-                        'SELECT last("ifHighSpeed") * 1000000 AS "bps" FROM "{m}" '
-                        'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
-                        'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
-                    ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                        (
+                            'SELECT last("ifHighSpeed") * 1000000 AS "bps" FROM "{m}" '
+                            'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
+                            'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
+                        ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                        "1000000 * %s" % snmp_last("ifHighSpeed"),
+                    ),
                     "$tag_router $tag_ifName",
                 )
             ],
@@ -1102,10 +1155,13 @@ def router_traffic():
             [
                 influx_target(
                     (
-                        'SELECT last("ifOperStatus") AS "status" FROM "{m}" '
-                        'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
-                        'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
-                    ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                        (
+                            'SELECT last("ifOperStatus") AS "status" FROM "{m}" '
+                            'WHERE "{r}" =~ /^$router$/ AND "{i}" =~ /^$interface$/ AND $timeFilter '
+                            'GROUP BY time($__interval), "{r}", "{i}" fill(none)'
+                        ).format(m=SNMP_MEASUREMENT, r=SNMP_ROUTER_TAG, i=SNMP_IF_TAG),
+                        snmp_last("ifOperStatus"),
+                    ),
                     "$tag_router $tag_ifName",
                 )
             ],
@@ -1474,6 +1530,9 @@ def links():
     )
 
 
+# The Perses rendering of each dashboard, under the same file name (web/ serves them).
+PERSES_DIR = "perses"
+
 DASHBOARDS = {
     "transfer-overview.json": transfer_overview,
     "router-traffic.json": router_traffic,
@@ -1532,23 +1591,31 @@ def main(argv):
             print("generate.py: %d dashboards read back unchanged" % len(argv[2:]))
         return 1 if found or len(argv) < 3 else 0
     dashboards = {name: build() for name, build in DASHBOARDS.items()}
-    texts = {
-        name: json.dumps(board, indent=2, ensure_ascii=False) + "\n"
-        for name, board in dashboards.items()
-    }
     found = problems(dashboards)
+    # The Grafana JSON beside this file, the Perses rendering in perses/.
+    texts = {}
+    for name, board in dashboards.items():
+        texts[name] = json.dumps(board, indent=2, ensure_ascii=False) + "\n"
+        try:
+            rendered = perses.to_perses(board, TWINS)
+        except perses.PersesError as error:
+            found.append("%s: no Perses rendering: %s" % (name, error))
+            continue
+        texts[PERSES_DIR + "/" + name] = json.dumps(rendered, indent=2, ensure_ascii=False) + "\n"
     if len(argv) > 1 and argv[1] == "--check":
         directory = Path(argv[2]) if len(argv) > 2 else here
         for name, text in texts.items():
             path = directory / name
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 found.append("%s is not current: run python3 dashboards/generate.py" % path)
-        for path in sorted(directory.glob("*.json")):
-            if path.name not in texts:
+        for path in sorted(directory.glob("*.json")) + sorted(
+            (directory / PERSES_DIR).glob("*.json")
+        ):
+            if path.relative_to(directory).as_posix() not in texts:
                 found.append("%s is not generated by generate.py" % path)
     else:
         out = Path(argv[1]) if len(argv) > 1 else here
-        out.mkdir(parents=True, exist_ok=True)
+        (out / PERSES_DIR).mkdir(parents=True, exist_ok=True)
         for name, text in texts.items():
             (out / name).write_text(text, encoding="utf-8")
     for problem in found:

@@ -15,13 +15,18 @@ DASHBOARDS = helpers.REPO / "dashboards"
 PYTHON = str(VENV_BIN / "python3")
 
 
-def lint(directory):
+def check(script, directory):
+    """dashboards/SCRIPT on `directory`, finished."""
     return subprocess.run(
-        [PYTHON, str(DASHBOARDS / "lint.py"), str(directory)],
+        [PYTHON, str(DASHBOARDS / script), str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def lint(directory):
+    return check("lint.py", directory)
 
 
 @pytest.fixture
@@ -183,3 +188,107 @@ def test_an_exclusion_needs_a_reason(scratch):
     (scratch / ".lint").write_text("exclusions:\n  units:\n    entries: [{dashboard: x}]\n")
     done = lint(scratch)
     assert done.returncode == 2 and "gives no reason" in done.stderr, done.stderr
+
+
+# --- the two renderings: Grafana's JSON and the live view's Perses dashboards ------
+
+
+def consistency(directory):
+    return check("consistency.py", directory)
+
+
+@pytest.fixture
+def renderings(tmp_path):
+    """A copy of both renderings (dashboards/*.json and dashboards/perses/) that agrees."""
+    (tmp_path / "perses").mkdir()
+    for path in DASHBOARDS.glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+        shutil.copy(DASHBOARDS / "perses" / path.name, tmp_path / "perses" / path.name)
+    done = consistency(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "6 dashboards agree in Grafana and Perses" in done.stdout, done.stdout
+    return tmp_path
+
+
+def disagrees(directory, *words):
+    done = consistency(directory)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    for word in words:
+        assert word in done.stderr, "%r not in %s" % (word, done.stderr)
+    return done.stderr
+
+
+def edit_perses(directory, name, change):
+    edit(directory / "perses", name, change)
+
+
+def perses_panel(board, title):
+    return next(p for p in board["spec"]["panels"].values() if p["spec"]["display"]["name"] == title)
+
+
+def test_a_panel_in_only_one_rendering_fails(renderings):
+    """A panel the Perses dashboard lacks, and one only it has, are both named."""
+
+    def drop(board):
+        key = next(k for k, p in board["spec"]["panels"].items() if p["spec"]["display"]["name"] == "Per-stream throughput")
+        del board["spec"]["panels"][key]
+
+    edit_perses(renderings, "transfer-overview.json", drop)
+    disagrees(renderings, "transfer-overview.json: panel 'Per-stream throughput' is in Grafana's dashboard only")
+
+    edit(renderings, "cpu.json", lambda board: panel(board, "Busy per host").update(title="Busy per node"))
+    disagrees(
+        renderings,
+        "cpu.json: panel 'Busy per node' is in Grafana's dashboard only",
+        "cpu.json: panel 'Busy per host' is in the Perses dashboard only",
+    )
+
+
+def test_a_query_unit_or_variable_that_differs_fails(renderings):
+    def change(board):
+        spec = perses_panel(board, "Total throughput")["spec"]
+        query = spec["queries"][0]["spec"]["plugin"]["spec"]
+        query["query"] = query["query"].replace("$__rate_interval", "5m")
+        spec["plugin"]["spec"]["yAxis"]["format"]["unit"] = "bytes/sec"
+        board["spec"]["variables"] = board["spec"]["variables"][:-1]
+
+    edit_perses(renderings, "transfer-overview.json", change)
+    disagrees(
+        renderings,
+        "panel 'Total throughput' query 1 differs",
+        "panel 'Total throughput' unit differs: Grafana's is 'bits/sec' in Perses, Perses has 'bytes/sec'",
+        "transfer-overview.json: variables differ",
+    )
+
+
+def test_a_missing_rendering_fails(renderings):
+    (renderings / "perses" / "links.json").unlink()
+    disagrees(renderings, "links.json: no Perses rendering")
+
+
+def test_generate_writes_the_perses_rendering_of_every_influxql_query_as_promql(tmp_path):
+    """generate.py writes both renderings; the router panels' Perses queries are
+    the PromQL twins of their InfluxQL (Telegraf's counters in Prometheus), with
+    the alias's tags as legend labels; Grafana's annotations are Perses panels."""
+    done = subprocess.run(
+        [PYTHON, str(DASHBOARDS / "generate.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    router = json.loads((tmp_path / "perses" / "router-traffic.json").read_text())
+    spec = perses_panel(router, "Total per router")["spec"]
+    queries = [q["spec"]["plugin"]["spec"] for q in spec["queries"]]
+    assert queries[0]["query"] == (
+        '8 * sum by (router) (max by (router, ifName) '
+        '(rate(interface_ifHCInOctets{router=~"$router", ifName=~"$interface"}[$__rate_interval])))'
+    )
+    assert [q["seriesNameFormat"] for q in queries] == ["{{router}} in", "{{router}} out"]
+    names = [v["spec"]["name"] for v in router["spec"]["variables"]]
+    assert names == ["campaign", "router", "interface"]
+    interface = router["spec"]["variables"][2]["spec"]["plugin"]["spec"]
+    assert interface == {"labelName": "ifName", "matchers": ['interface_ifHCInOctets{router=~"$router"}']}
+    cpu = json.loads((tmp_path / "perses" / "cpu.json").read_text())
+    titles = {p["spec"]["display"]["name"] for p in cpu["spec"]["panels"].values()}
+    assert {"CPU by mode", "Campaign runs", "Longhaul alerts", "Sessions"} <= titles

@@ -26,7 +26,8 @@ import yaml
 
 import helpers
 from dashboard_queries import Dashboard, empty_targets, load_dashboards, panels_of
-from stack import ROUTER, SCRAPE_S, Stack
+from live_view import MAY_BE_EMPTY, LiveView, describe, not_all_data, start_live_view
+from stack import ROUTER, SCRAPE_S, SNMP_INTERFACES, Stack
 
 DASHBOARDS = helpers.REPO / "dashboards"
 RULES = helpers.REPO / "rules"
@@ -457,3 +458,62 @@ def test_router_counters_stale_watches_live_telegraf(live):
     )
     lost = stack.promql(not_polled.replace("longhaul:expected:router", "(%s)" % listed))
     assert [series["metric"]["router"] for series in lost] == ["lost-router"], lost
+
+
+# --- the live view: the Perses rendering in Chromium, through the role's nginx ----------
+
+
+def restart(processes, name):
+    """Start again, with the same command line, the process `name` stopped."""
+    old = next(p for p in processes.started if p.name == name)
+    return processes.start(name, old.args)
+
+
+def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, module_processes, tmp_path):
+    """The live view (web/, dist/web) served by nginx with the live_view role's site,
+    in headless Chromium, against the stack's Prometheus after its transfers:
+    every panel of every dashboard draws data (the firing-alerts table says "No
+    data": none fires), the per-stream panel lists the memory run's streams, the
+    router panels the interfaces Telegraf polls. Then Prometheus stopped under the
+    open page: every panel says so (nginx's 502), the page stays; Prometheus back
+    on the same port and data: every panel draws again, without a reload."""
+    stack, run = live
+    base = start_live_view(module_processes, tmp_path / "nginx", stack.prometheus_url, tmp_path)
+    index = helpers.get_json(base + "/dashboards/index.json")
+    assert [entry["name"] for entry in index][0] == "transfer-overview"
+    failures = []
+    with LiveView(base) as view:
+        for entry in index:
+            view.open("/d/%s?refresh=5s" % entry["name"])
+            settled = view.settle("drawn", 60)
+            view.screenshot(tmp_path / ("%s.png" % entry["name"]))
+            failure = not_all_data(entry["name"], settled)
+            if failure:
+                failures.append(failure)
+            panels = {p["title"]: p for p in settled["panels"]}
+            if entry["name"] == "transfer-overview":
+                assert panels["Per-stream throughput"]["legendCount"] >= STREAMS, describe(settled["panels"])
+            if entry["name"] == "router-traffic":
+                legend = panels["Traffic per interface"]["legend"]
+                assert {"%s %s in" % (ROUTER, name) for name in SNMP_INTERFACES} <= set(legend), legend
+        assert not failures, "panels not drawn with data:\n" + "\n".join(failures)
+
+        view.open("/d/transfer-overview?refresh=5s")
+        assert view.settle("drawn", 60)["held"]
+        prometheus = next(p for p in module_processes.started if p.name == "prometheus")
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+        try:
+            down = view.settle("error", 60)
+            view.screenshot(tmp_path / "prometheus-stopped.png")
+        finally:
+            restarted = restart(module_processes, "prometheus")
+            helpers.wait_until(lambda: helpers.http_get(stack.prometheus_url + "/-/ready"), 60, "Prometheus back")
+        assert down["title"] == "longhaul / Transfer overview", (down["title"], describe(down["panels"]))
+        assert down["held"], "not every panel says Prometheus is away:\n" + describe(down["panels"])
+        unreadable = [p["title"] for p in down["panels"] if "Prometheus does not answer the live view" not in p["text"]]
+        assert not unreadable, describe(down["panels"])
+        back = view.settle("drawn", 60)
+        stale = [p for p in back["panels"] if p["state"] != "data" and p["title"] not in MAY_BE_EMPTY]
+        assert back["held"] and not stale, "after Prometheus came back:\n" + describe(back["panels"])
+        module_processes.check_running(restarted)

@@ -202,6 +202,49 @@ def test_an_unlicensed_npm_package_fails(scratch):
     )
 
 
+def test_an_npm_package_without_a_licence_field_is_judged_by_its_licence_file(scratch):
+    """Perses's plugins name no licence in package.json; their LICENSE is
+    Apache-2.0's text. Installed beside the lockfile, that file decides: an
+    Apache-2.0 text passes, the AGPL's fails, an unknown text or none fails,
+    and a package not installed fails saying so."""
+    tree = scratch[0]
+    lock = tree / "web" / "package-lock.json"
+    modules = tree / "web" / "node_modules"
+    plugin = modules / "@perses-dev" / "prometheus-plugin"
+    plugin.mkdir(parents=True)
+    (plugin / "LICENSE").write_text(
+        "                                 Apache License\n"
+        "                           Version 2.0, January 2004\n"
+    )
+    data = {
+        "lockfileVersion": 3,
+        "packages": {"": {}, "node_modules/@perses-dev/prometheus-plugin": {"version": "0.53.4"}},
+    }
+    lock.write_text(json.dumps(data))
+
+    def add():
+        for name, text in (("agpl", AGPL_LICENSE), ("odd", "All rights reserved.\n"), ("bare", None)):
+            (modules / name).mkdir()
+            if text is not None:
+                (modules / name / "LICENSE").write_text(text)
+            data["packages"]["node_modules/" + name] = {"version": "1.0.0"}
+        data["packages"]["node_modules/absent"] = {"version": "1.0.0"}
+        lock.write_text(json.dumps(data))
+
+    stderr = passes_then_fails(
+        scratch,
+        add,
+        [
+            "npm package agpl 1.0.0 is AGPL-3.0",
+            "npm package odd 1.0.0 has no licence (none in the lockfile, and its LICENSE is no "
+            "licence we recognise)",
+            "npm package bare 1.0.0 has no licence (none in the lockfile, and no licence file)",
+            "npm package absent 1.0.0 has no licence (none in the lockfile, and not installed",
+        ],
+    )
+    assert "prometheus-plugin" not in stderr, stderr
+
+
 def test_an_agpl_python_package_in_the_venv_fails(scratch):
     """A distribution installed in the venv (its dist-info METADATA, as pip
     writes it) that declares the AGPL."""

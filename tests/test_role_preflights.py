@@ -467,3 +467,55 @@ def test_the_prometheus_role_takes_a_jobs_login_over_tls(tmp_path):
         prometheus_scrape_job_basic_auth={"telegraf": JOB_LOGIN, "node": JOB_LOGIN},
     )
     assert passed, output[-3000:]
+
+
+# --- the live view (issue 44) -----------------------------------------------------------
+
+LIVE_VIEW_TLS = {"live_view_tls_cert_file": TLS["cert_file"], "live_view_tls_key_file": TLS["key_file"]}
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ({"live_view_users": {"admin": "p" * 32}}, "only with TLS"),
+        ({**LIVE_VIEW_TLS, "live_view_users": {"admin": "two words"}}, "is not one"),
+        ({**LIVE_VIEW_TLS, "live_view_users": {"admin": "short"}}, "is not one"),
+        ({**LIVE_VIEW_TLS, "live_view_users": {"ad:min": "p" * 32}}, "is not one"),
+        ({"live_view_tls_cert_file": TLS["cert_file"]}, "together"),
+        ({"live_view_prometheus_url": "https://127.0.0.1:9090/api"}, "without a path"),
+        ({"live_view_listen_address": "8443"}, 'must look like "0.0.0.0:8443"'),
+        ({"live_view_app_src": "/nonexistent"}, "run make build"),
+        ({"live_view_prometheus_url": "https://127.0.0.1:9090"}, "checks a certificate against a DNS name only"),
+        ({"live_view_prometheus_url": "https://[::1]:9090"}, "checks a certificate against a DNS name only"),
+    ],
+    ids=[
+        "users-without-tls",
+        "space",
+        "short",
+        "colon-in-user",
+        "cert-without-key",
+        "url-path",
+        "no-port",
+        "not-built",
+        "ip-without-name",
+        "ipv6-without-name",
+    ],
+)
+def test_the_live_view_role_refuses_what_nginx_cannot_serve_safely(tmp_path, overrides, says):
+    passed, output = preflight(tmp_path, "live_view", **overrides)
+    assert not passed, output[-3000:]
+    assert says in output, output[-3000:]
+    assert "p" * 32 not in output, "a password was printed"
+
+
+def test_the_live_view_role_takes_what_site_yml_gives_it(tmp_path):
+    passed, output = preflight(
+        tmp_path,
+        "live_view",
+        **LIVE_VIEW_TLS,
+        live_view_users={"admin": "p" * 32},
+        live_view_prometheus_url="https://127.0.0.1:9090",
+        live_view_prometheus_ca_file="/usr/local/share/ca-certificates/longhaul-ca.crt",
+        live_view_prometheus_server_name="localhost",
+    )
+    assert passed, output[-3000:]

@@ -21,6 +21,7 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from labkit import INVENTORY, LAB, REPO, Lab, basic_auth, transfer_hosts, wait_until

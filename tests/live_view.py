@@ -1,0 +1,151 @@
+"""The live view in Debian's Chromium for the tests: web/test/drive.mjs (headless,
+playwright-core with /usr/bin/chromium) keeps one page open; this class sends
+it one command at a time and reads its answer, with a time limit on each."""
+
+import json
+import queue
+import subprocess
+import threading
+from pathlib import Path
+
+import helpers
+
+DRIVER = helpers.REPO / "web" / "test" / "drive.mjs"
+# Panels whose query has no series unless something is wrong: no firing alert.
+MAY_BE_EMPTY = {"Longhaul alerts"}
+
+
+class LiveView:
+    def __init__(self, base, user=None, password=None, height=None):
+        config = {"base": base, "user": user, "password": password}
+        if height:
+            config["height"] = height
+        self.process = subprocess.Popen(
+            ["node", str(DRIVER), json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.answers = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.answers.put(line)
+        self.answers.put(None)
+
+    def send(self, timeout=120, **command):
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        try:
+            line = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("the browser did not answer %s in %d s" % (command, timeout)) from None
+        if line is None:
+            raise AssertionError("the browser driver ended: %s" % self.process.stderr.read()[-3000:])
+        answer = json.loads(line)
+        assert answer.get("ok"), "the browser driver failed %s: %s" % (command, answer)
+        return answer
+
+    def open(self, path):
+        return self.send(cmd="open", path=path)
+
+    def settle(self, want="drawn", timeout_s=60, stable_s=3):
+        return self.send(
+            timeout=timeout_s + stable_s + 60,
+            cmd="settle",
+            want=want,
+            timeoutMs=int(timeout_s * 1000),
+            stableMs=int(stable_s * 1000),
+        )
+
+    def screenshot(self, path, full_page=True):
+        return self.send(cmd="screenshot", path=str(path), fullPage=full_page)
+
+    def queries(self):
+        return self.send(cmd="queries")["queries"]
+
+    def heap(self):
+        return self.send(cmd="heap")["bytes"]
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.send(timeout=30, cmd="quit")
+            except AssertionError:
+                pass
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def not_all_data(name, settled):
+    """None when every panel of a settled page drew data (a MAY_BE_EMPTY panel may
+    say "No data") and the page logged no error, else what is wrong, by panel."""
+    bad = [
+        p
+        for p in settled["panels"]
+        if p["state"] != "data" and not (p["title"] in MAY_BE_EMPTY and p["state"] == "nodata")
+    ]
+    if settled["held"] and not bad and not settled["consoleErrors"]:
+        return None
+    return "%s (%d ms, console %s):\n%s" % (name, settled["ms"], settled["consoleErrors"], describe(settled["panels"]))
+
+
+def describe(panels):
+    """One line per panel: state, title, first legend entries or text."""
+    return "\n".join(
+        "  %-7s %s: %s" % (p["state"], p["title"], (p["legend"][:4] or [p["text"][:120]]))
+        for p in panels
+    )
+
+
+def start_live_view(processes, workdir, prometheus_url, tmp_path, **overrides):
+    """nginx on a free loopback port with the live_view role's own site (rendered
+    from its template and defaults by Ansible, as the role writes it), serving
+    $LONGHAUL_DIST/web and passing `prometheus_url`'s read API; returns its URL."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = helpers.free_port()
+    role = helpers.REPO / "roles" / "live_view"
+    site = workdir / "live-view.conf"
+    settings = {
+        "live_view_listen_address": "127.0.0.1:%d" % port,
+        "live_view_prometheus_url": prometheus_url,
+        "live_view_root": str(Path(helpers.dist_dir()) / "web"),
+        **overrides,
+    }
+    tasks = [
+        {"ansible.builtin.include_vars": {"file": str(role / "defaults" / "main.yml")}},
+        {"ansible.builtin.include_vars": {"file": str(role / "vars" / "main.yml")}},
+        {"ansible.builtin.set_fact": settings},
+        {"ansible.builtin.template": {"src": str(role / "templates" / "live-view.conf.j2"), "dest": str(site)}},
+    ]
+    done = helpers.run_local_playbook(tmp_path, tasks, {"role_path": str(role)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    conf = workdir / "nginx.conf"
+    conf.write_text(
+        "worker_processes 1;\n"
+        "pid %(w)s/nginx.pid;\n"
+        "error_log %(w)s/error.log;\n"
+        "events { worker_connections 256; }\n"
+        "http {\n"
+        "  include /etc/nginx/mime.types;\n"
+        "  access_log %(w)s/access.log;\n"
+        "  client_body_temp_path %(w)s/body; proxy_temp_path %(w)s/proxy;\n"
+        "  fastcgi_temp_path %(w)s/fastcgi; uwsgi_temp_path %(w)s/uwsgi; scgi_temp_path %(w)s/scgi;\n"
+        "  include %(site)s;\n"
+        "}\n" % {"w": workdir, "site": site}
+    )
+    process = processes.start("nginx", ["/usr/sbin/nginx", "-c", conf, "-g", "daemon off;"])
+    processes.wait_port(process, port)
+    return "http://127.0.0.1:%d" % port

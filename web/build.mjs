@@ -1,0 +1,49 @@
+// Build the live view into OUTDIR (default ../dist/web): index.html, app.js
+// (one bundle: React, MUI, Perses and its plugins, from node_modules as the
+// committed package-lock.json pins them), and dashboards/ (the Perses
+// dashboards generate.py wrote, with index.json, the list the page shows).
+// No network, no CDN: everything the page loads comes from OUTDIR.
+import { build } from 'esbuild';
+import { copyFileSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const out = resolve(process.argv[2] || join(here, '..', 'dist', 'web'));
+const dashboards = join(here, '..', 'dashboards', 'perses');
+// The order of the tabs: the campaign's overview first.
+const ORDER = ['transfer-overview', 'campaign', 'router-traffic', 'links', 'disk-io', 'cpu'];
+
+rmSync(out, { recursive: true, force: true });
+mkdirSync(join(out, 'dashboards'), { recursive: true });
+
+await build({
+  entryPoints: [join(here, 'src', 'main.jsx')],
+  bundle: true,
+  minify: true,
+  sourcemap: false,
+  platform: 'browser',
+  // ESM builds only: a package bundled both as ESM and CommonJS would have two
+  // React contexts (react-query's, Perses's), and its providers would not be seen.
+  mainFields: ['browser', 'module', 'main'],
+  format: 'iife',
+  target: ['chrome110'],
+  jsx: 'automatic',
+  loader: { '.js': 'jsx', '.woff': 'file', '.woff2': 'file', '.svg': 'file', '.png': 'file' },
+  define: { 'process.env.NODE_ENV': '"production"', global: 'globalThis' },
+  outfile: join(out, 'app.js'),
+  logLevel: 'warning',
+  legalComments: 'external',
+});
+
+copyFileSync(join(here, 'index.html'), join(out, 'index.html'));
+const index = [];
+for (const file of readdirSync(dashboards).filter((f) => f.endsWith('.json'))) {
+  const board = JSON.parse(readFileSync(join(dashboards, file), 'utf8'));
+  const name = file.replace(/\.json$/, '');
+  writeFileSync(join(out, 'dashboards', file), JSON.stringify(board));
+  index.push({ name, title: board.spec.display.name.replace(/^longhaul \/ /, ''), uid: board.metadata.name });
+}
+index.sort((a, b) => (ORDER.indexOf(a.name) + 1 || 99) - (ORDER.indexOf(b.name) + 1 || 99));
+writeFileSync(join(out, 'dashboards', 'index.json'), JSON.stringify(index));
+console.log(`live view: ${out} (${index.length} dashboards)`);

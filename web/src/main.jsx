@@ -1,0 +1,210 @@
+// longhaul's live view: the Perses rendering of our dashboards
+// (dashboards/perses/, written by dashboards/generate.py) drawn by Perses's
+// own components against the Prometheus that the web server proxies under
+// /prometheus on this origin. No server of ours: the page, the dashboards and
+// the Prometheus API come from one nginx (roles/live_view).
+import React, { useEffect, useMemo, useState } from 'react';
+import { createRoot } from 'react-dom/client';
+import { BrowserRouter, Link, Navigate, Route, Routes, useLocation, useParams } from 'react-router-dom';
+import { QueryParamProvider } from 'use-query-params';
+import { ReactRouter6Adapter } from 'use-query-params/adapters/react-router-6';
+import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
+import { AppBar, Box, CssBaseline, Link as MuiLink, Tab, Tabs, ThemeProvider, Toolbar, Typography } from '@mui/material';
+import { ChartsProvider, ErrorAlert, ErrorBoundary, generateChartsTheme, getTheme, NoDataOverlay, SnackbarProvider } from '@perses-dev/components';
+import { dynamicImportPluginLoader, PluginRegistry } from '@perses-dev/plugin-system';
+import { ViewDashboard } from '@perses-dev/dashboards';
+import * as prometheusPlugin from '@perses-dev/prometheus-plugin';
+import * as timeSeriesChartPlugin from '@perses-dev/timeseries-chart-plugin';
+import * as statChartPlugin from '@perses-dev/stat-chart-plugin';
+import * as tablePlugin from '@perses-dev/table-plugin';
+import * as statusHistoryChartPlugin from '@perses-dev/status-history-chart-plugin';
+
+// Where the page finds Prometheus's API: this origin, path /prometheus (nginx
+// proxies it, with the viewer's own login passed on).
+const PROMETHEUS_PATH = '/prometheus';
+// Prometheus's scrape interval in our roles (prometheus_scrape_interval): the
+// least step of $__rate_interval, as in Grafana's data source.
+const SCRAPE_INTERVAL = '15s';
+
+const prometheus = {
+  kind: 'GlobalDatasource',
+  metadata: { name: 'prometheus' },
+  spec: {
+    default: true,
+    plugin: { kind: 'PrometheusDatasource', spec: { directUrl: PROMETHEUS_PATH, scrapeInterval: SCRAPE_INTERVAL } },
+  },
+};
+
+// The one data source every dashboard reads.
+const datasourceApi = {
+  buildProxyUrl: () => PROMETHEUS_PATH,
+  getDatasource: () => Promise.resolve(undefined),
+  getGlobalDatasource: () => Promise.resolve(prometheus),
+  listDatasources: () => Promise.resolve([]),
+  listGlobalDatasources: () => Promise.resolve([prometheus]),
+};
+
+// Perses's Table draws an empty frame when its queries return no series; ours says
+// "No data" as every other panel does (a firing-alerts table with none firing).
+function TableOrNoData(props) {
+  const rows = (props.queryResults || []).reduce((count, result) => count + ((result.data && result.data.series) || []).length, 0);
+  if (rows === 0 && (props.queryResults || []).every((result) => result.data)) {
+    return <NoDataOverlay resource="data" />;
+  }
+  return <tablePlugin.Table.PanelComponent {...props} />;
+}
+const tableModule = { ...tablePlugin, Table: { ...tablePlugin.Table, PanelComponent: TableOrNoData } };
+
+const plugins = [prometheusPlugin, timeSeriesChartPlugin, statChartPlugin, tableModule, statusHistoryChartPlugin];
+const pluginLoader = dynamicImportPluginLoader(
+  plugins.map((plugin) => ({ resource: plugin.getPluginModule(), importPlugin: () => Promise.resolve(plugin) }))
+);
+
+// Refetches follow the time range and the refresh interval (Perses's refresh
+// key), not react-query's staleness: with staleTime 0 a panel whose variable
+// is still loading asks twice per refresh (once before, once after).
+// keepPreviousData: each refresh is a new query (its time range is in the key);
+// without it every panel blanks to a skeleton until its new answer, and on a
+// busy Prometheus (answers slower than the refresh) never draws at all. A
+// failed query still shows its error (react-query keeps no data over an error).
+const queryClient = new QueryClient({
+  defaultOptions: { queries: { refetchOnWindowFocus: false, retry: 0, staleTime: Infinity, keepPreviousData: true } },
+});
+
+const muiTheme = getTheme('light');
+const chartsTheme = generateChartsTheme(muiTheme, {});
+
+async function fetchJson(path) {
+  const response = await fetch(path, { credentials: 'same-origin' });
+  if (!response.ok) {
+    throw new Error(`${path}: ${response.status} ${response.statusText}`);
+  }
+  return response.json();
+}
+
+function useJson(path) {
+  const [state, setState] = useState({ data: undefined, error: undefined });
+  useEffect(() => {
+    let live = true;
+    setState({ data: undefined, error: undefined });
+    fetchJson(path).then(
+      (data) => live && setState({ data, error: undefined }),
+      (error) => live && setState({ data: undefined, error })
+    );
+    return () => {
+      live = false;
+    };
+  }, [path]);
+  return state;
+}
+
+function Message({ children }) {
+  return (
+    <Box sx={{ p: 4 }} data-testid="live-view-message">
+      <Typography variant="h6">{children}</Typography>
+    </Box>
+  );
+}
+
+function DashboardPage() {
+  const { name } = useParams();
+  const { data, error } = useJson(`/dashboards/${encodeURIComponent(name)}.json`);
+  if (error) return <Message>Dashboard {name} could not be loaded: {error.message}</Message>;
+  if (!data) return <Message>Loading {name}…</Message>;
+  return (
+    <ErrorBoundary FallbackComponent={ErrorAlert}>
+      <ViewDashboard
+        key={name}
+        dashboardResource={data}
+        datasourceApi={datasourceApi}
+        isReadonly={true}
+        isVariableEnabled={true}
+        isDatasourceEnabled={false}
+        isInitialVariableSticky={true}
+        dashboardTitleComponent={
+          <Typography variant="h2" component="h1" data-testid="dashboard-title">
+            {data.spec.display.name}
+          </Typography>
+        }
+        sx={{ height: 'calc(100vh - 48px)' }}
+      />
+    </ErrorBoundary>
+  );
+}
+
+function Navigation({ index }) {
+  const location = useLocation();
+  const current = index.find((entry) => location.pathname === `/d/${entry.name}`);
+  return (
+    <AppBar position="static" color="default" elevation={1}>
+      <Toolbar variant="dense" sx={{ gap: 2 }}>
+        <Typography variant="subtitle1" component="span" sx={{ fontWeight: 600 }}>
+          longhaul live view
+        </Typography>
+        <Tabs value={current ? current.name : false} variant="scrollable" scrollButtons="auto">
+          {index.map((entry) => (
+            // Keep the time range and refresh; variables differ per dashboard.
+            <Tab
+              key={entry.name}
+              value={entry.name}
+              label={entry.title}
+              component={Link}
+              to={{ pathname: `/d/${entry.name}`, search: keepTime(location.search) }}
+            />
+          ))}
+        </Tabs>
+        <Box sx={{ flexGrow: 1 }} />
+        <MuiLink href={`${PROMETHEUS_PATH}/api/v1/status/buildinfo`} underline="hover" variant="caption">
+          Prometheus API
+        </MuiLink>
+      </Toolbar>
+    </AppBar>
+  );
+}
+
+function keepTime(search) {
+  const from = new URLSearchParams(search);
+  const kept = new URLSearchParams();
+  for (const key of ['start', 'end', 'refresh']) {
+    if (from.has(key)) kept.set(key, from.get(key));
+  }
+  const text = kept.toString();
+  return text ? `?${text}` : '';
+}
+
+function App() {
+  const { data: index, error } = useJson('/dashboards/index.json');
+  const first = useMemo(() => (index && index.length ? index[0].name : undefined), [index]);
+  if (error) return <Message>The list of dashboards could not be loaded: {error.message}</Message>;
+  if (!index) return <Message>Loading…</Message>;
+  return (
+    <>
+      <Navigation index={index} />
+      <Routes>
+        <Route path="/d/:name" element={<DashboardPage />} />
+        <Route path="*" element={first ? <Navigate to={`/d/${first}`} replace /> : <Message>No dashboards.</Message>} />
+      </Routes>
+    </>
+  );
+}
+
+createRoot(document.getElementById('root')).render(
+  <React.StrictMode>
+    <ThemeProvider theme={muiTheme}>
+      <CssBaseline />
+      <ChartsProvider chartsTheme={chartsTheme}>
+        <SnackbarProvider anchorOrigin={{ vertical: 'bottom', horizontal: 'right' }} variant="default" content="">
+          <QueryClientProvider client={queryClient}>
+            <PluginRegistry pluginLoader={pluginLoader} defaultPluginKinds={{ Panel: 'TimeSeriesChart', TimeSeriesQuery: 'PrometheusTimeSeriesQuery' }}>
+              <BrowserRouter>
+                <QueryParamProvider adapter={ReactRouter6Adapter}>
+                  <App />
+                </QueryParamProvider>
+              </BrowserRouter>
+            </PluginRegistry>
+          </QueryClientProvider>
+        </SnackbarProvider>
+      </ChartsProvider>
+    </ThemeProvider>
+  </React.StrictMode>
+);

@@ -1,0 +1,171 @@
+// Drive the live view in Debian's Chromium (headless, playwright-core, no
+// browser download) for the tests: one page kept open across commands, so a
+// test can stop Prometheus under it and watch the panels come back without a
+// reload.
+//
+//   node web/test/drive.mjs '{"base": URL, "user": U, "password": P}'
+//
+// Reads one JSON command per line on stdin, answers one JSON line on stdout:
+//   {"cmd": "open", "path": "/d/cpu?refresh=5s"}   load a page (counts its queries from here)
+//   {"cmd": "settle", "want": "drawn"|"data"|"error", "timeoutMs": N, "stableMs": M}
+//        wait until every panel is drawn (no longer loading) and, for "data" or
+//        "error", every panel is in that state, the states unchanged for M ms
+//        (default 3000); answers the panels either way (title, state, legend
+//        entries, text), whether it held, and the time until it first held
+//        (the time to draw every panel)
+//   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
+//   {"cmd": "queries"}                             Prometheus requests since "open" or the last "queries"
+//   {"cmd": "heap"}                                the page's JS heap (bytes used)
+//   {"cmd": "quit"}
+// A panel's state: "loading" (its first answer not in: a skeleton), "error"
+// (Perses's error alert or its header's error icon), "nodata" ("No data", or
+// a chart without a series, whose "No data" is drawn in its canvas), "empty"
+// (nothing drawn at all), "data" (series in the legend, table rows, a stat's
+// value).
+import { chromium } from 'playwright-core';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+
+const config = JSON.parse(process.argv[2] || '{}');
+const profile = mkdtempSync(join(tmpdir(), 'longhaul-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: config.chromium || '/usr/bin/chromium',
+  headless: true,
+  args: [
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--no-first-run',
+  ],
+  // Tall enough for every panel of our dashboards at once: Perses draws (and
+  // queries) a panel only once it is in view.
+  viewport: { width: config.width || 1600, height: config.height || 4000 },
+  // The tests check the certificate with the testbed's CA themselves (Python's
+  // ssl); Chromium has no way to be given one CA file without a profile NSS db.
+  ignoreHTTPSErrors: true,
+  httpCredentials: config.user ? { username: config.user, password: config.password } : undefined,
+});
+const page = context.pages()[0] || (await context.newPage());
+const consoleErrors = [];
+page.on('console', (message) => {
+  if (message.type() === 'error') consoleErrors.push(message.text().slice(0, 300));
+});
+page.on('pageerror', (error) => consoleErrors.push(`pageerror: ${error.message}`.slice(0, 300)));
+let queries = [];
+page.on('request', (request) => {
+  const url = new URL(request.url());
+  if (url.pathname.startsWith('/prometheus/')) queries.push({ path: url.pathname, body: request.postData() || url.search });
+});
+const client = await context.newCDPSession(page);
+
+function panels() {
+  return page.evaluate(() =>
+    [...document.querySelectorAll('section[data-testid="panel"]')].map((panel) => {
+      const title = panel.querySelector('[id$="-header-title"]');
+      const figure = panel.querySelector('figure') || panel;
+      const text = figure.innerText.trim();
+      // Loading: the first answer not in yet (a refetch keeps the old drawing and
+      // only spins in the header, which is not waited for).
+      const loading = figure.querySelector('.MuiSkeleton-root') !== null;
+      const error =
+        figure.querySelector('.MuiAlert-root, [role="alert"]') !== null ||
+        panel.querySelector('header [aria-label="panel errors"]') !== null;
+      // Legend entries: a table legend's name cell, a list legend's items.
+      const list = figure.querySelector('[data-testid="virtuoso-item-list"]');
+      const legend = list
+        ? [...list.children]
+            .map((row) => (row.tagName === 'TR' && row.cells.length > 1 ? row.cells[1] : row).innerText.trim())
+            .filter((entry) => entry.length > 0)
+        : [];
+      // The legend is a virtual list: only the rows in view exist. Its whole
+      // height over one row's is how many entries it has.
+      let legendCount = legend.length;
+      const scroller = figure.querySelector('[data-testid="virtuoso-scroller"]');
+      const row = list && list.firstElementChild;
+      if (scroller && row && row.offsetHeight > 0) {
+        const head = scroller.querySelector('thead');
+        legendCount = Math.max(legend.length, Math.round((scroller.scrollHeight - (head ? head.offsetHeight : 0)) / row.offsetHeight));
+      }
+      let state = 'data';
+      if (loading) state = 'loading';
+      else if (error) state = 'error';
+      // A time series chart with no series writes its "No data" into its canvas.
+      else if (/^No data$/m.test(text) || (list && legend.length === 0)) state = 'nodata';
+      else if (!list && text.length === 0 && figure.querySelector('canvas') === null) state = 'empty';
+      return { title: title ? title.textContent.trim() : '(untitled)', state, legend, legendCount, text: text.slice(0, 400) };
+    })
+  );
+}
+
+// Settled: every panel drawn (and in the wanted state) and the panels' states
+// unchanged for stableMs, so a first drawing of a partial answer does not count.
+async function settle(want, timeoutMs, stableMs) {
+  const started = Date.now();
+  let seen = [];
+  let since = null;
+  let last = '';
+  let firstHeld = null;
+  for (;;) {
+    seen = await panels();
+    const drawn = seen.length > 0 && seen.every((panel) => panel.state !== 'loading' && panel.state !== 'empty');
+    const held = drawn && (want === 'drawn' || seen.every((panel) => panel.state === want));
+    const key = JSON.stringify(seen.map((panel) => [panel.title, panel.state]));
+    if (!held || key !== last) since = held ? Date.now() : null;
+    last = key;
+    if (held && firstHeld === null) firstHeld = Date.now() - started;
+    if ((held && Date.now() - since >= stableMs) || Date.now() - started > timeoutMs) {
+      return { held: held && Date.now() - since >= stableMs, ms: firstHeld ?? Date.now() - started, panels: seen };
+    }
+    await page.waitForTimeout(250);
+  }
+}
+
+const commands = createInterface({ input: process.stdin });
+for await (const line of commands) {
+  if (!line.trim()) continue;
+  const command = JSON.parse(line);
+  let answer;
+  try {
+    switch (command.cmd) {
+      case 'open':
+        queries = [];
+        consoleErrors.length = 0;
+        await page.goto(config.base + command.path, { waitUntil: 'load' });
+        answer = { ok: true, url: page.url() };
+        break;
+      case 'settle':
+        answer = { ok: true, ...(await settle(command.want || 'drawn', command.timeoutMs || 30000, command.stableMs ?? 3000)) };
+        answer.title = await page.locator('[data-testid="dashboard-title"]').textContent({ timeout: 1000 }).catch(() => null);
+        answer.consoleErrors = consoleErrors.slice(0, 20);
+        break;
+      case 'screenshot':
+        await page.screenshot({ path: command.path, fullPage: command.fullPage ?? true });
+        answer = { ok: true };
+        break;
+      case 'queries':
+        answer = { ok: true, queries };
+        queries = [];
+        break;
+      case 'heap': {
+        const { usedSize } = await client.send('Runtime.getHeapUsage');
+        answer = { ok: true, bytes: usedSize };
+        break;
+      }
+      case 'quit':
+        answer = { ok: true };
+        break;
+      default:
+        answer = { ok: false, error: `unknown command ${command.cmd}` };
+    }
+  } catch (error) {
+    answer = { ok: false, error: String(error && error.message ? error.message : error) };
+  }
+  process.stdout.write(JSON.stringify(answer) + '\n');
+  if (command.cmd === 'quit') break;
+}
+await context.close();
+rmSync(profile, { recursive: true, force: true });
