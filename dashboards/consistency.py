@@ -9,10 +9,12 @@ For each dashboard, fails (exit 1) naming the dashboard and the panel when
 - one rendering is missing;
 - a panel is in one rendering only (Grafana's annotations count as the
   panels perses.py makes of them; a repeated panel by perses.perses_title);
-- a panel's queries differ: their number, or a Prometheus query's text (an
-  InfluxQL target's PromQL twin is generate.py's to keep; its count is checked);
+- a panel's queries differ: their number, or a Prometheus query's text or
+  legend (an InfluxQL target's PromQL twin is generate.py's to keep; its
+  count is checked);
 - a panel's unit differs (through perses.UNITS);
-- the variables differ (data source variables aside).
+- the variables differ (data source variables aside): names, label_values
+  query (a Prometheus one), multiple values, the "All" value.
 
 Runs in `make lint` (scripts/check-dashboards). Needs no SDK: it reads files.
 """
@@ -37,14 +39,19 @@ def grafana_panels(board):
         queries = []
         for target in panel.get("targets", []):
             kind = (target.get("datasource") or {}).get("type")
-            queries.append(target.get("expr") if kind == "prometheus" else None)
+            if kind == "prometheus":
+                queries.append((target.get("expr"), target.get("legendFormat", "")))
+            elif kind == "influxdb":
+                queries.append(None)  # its PromQL twin is generate.py's (TWINS)
+            else:
+                queries.append(("(a target of data source %r)" % kind, ""))
         unit = perses.UNITS.get(panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "none"))
         unit = unit[0] if unit else "(no Perses unit)"
         # A state timeline names its values (mappings): no unit in either.
         panels[perses.perses_title(panel)] = (queries, None if panel["type"] == "state-timeline" else unit)
     for annotation in board.get("annotations", {}).get("list", []):
         if (annotation.get("datasource") or {}).get("type") == "prometheus":
-            panels[annotation["name"]] = ([annotation["expr"]], None)
+            panels[annotation["name"]] = ([(annotation["expr"], annotation.get("titleFormat", ""))], None)
     return panels
 
 
@@ -61,14 +68,32 @@ def perses_panels(board):
     panels = {}
     for panel in board.get("spec", {}).get("panels", {}).values():
         spec = panel["spec"]
-        queries = [q["spec"]["plugin"]["spec"]["query"] for q in spec.get("queries", [])]
+        queries = [
+            (q["spec"]["plugin"]["spec"]["query"], q["spec"]["plugin"]["spec"].get("seriesNameFormat", ""))
+            for q in spec.get("queries", [])
+        ]
         panels[spec["display"]["name"]] = (queries, perses_unit(spec["plugin"]))
     return panels
 
 
 def variables(grafana, persesboard):
-    ours = [v["name"] for v in grafana.get("templating", {}).get("list", []) if v["type"] != "datasource"]
-    theirs = [v["spec"]["name"] for v in persesboard.get("spec", {}).get("variables", [])]
+    """Each variable as (name, label_values query or None for InfluxQL, multi, all
+    value) in both renderings."""
+    ours = []
+    for v in grafana.get("templating", {}).get("list", []):
+        if v["type"] == "datasource":
+            continue
+        prometheus = (v.get("datasource") or {}).get("type") == "prometheus"
+        ours.append((v["name"], v["query"] if prometheus else None, bool(v.get("multi")), v.get("allValue") or None))
+    theirs = []
+    for v in persesboard.get("spec", {}).get("variables", []):
+        spec = v["spec"]
+        plugin = spec["plugin"]["spec"]
+        matchers = plugin.get("matchers") or []
+        query = "label_values(%s)" % ", ".join(matchers + [plugin["labelName"]])
+        theirs.append((spec["name"], query, bool(spec.get("allowMultiple")), spec.get("customAllValue")))
+    # An InfluxQL variable's PromQL twin is generate.py's: its name and options are compared.
+    theirs = [t if o[1] is not None else (t[0], None) + t[2:] for o, t in zip(ours, theirs)] + theirs[len(ours):]
     return ours, theirs
 
 
@@ -87,9 +112,14 @@ def compare(name, grafana, persesboard):
             )
             continue
         for number, (one, other) in enumerate(zip(ours, theirs), start=1):
-            if one is not None and one != other:
+            if one is not None and one[0] != other[0]:
                 found.append(
-                    "%s: panel %r query %d differs: Grafana %r, Perses %r" % (name, title, number, one, other)
+                    "%s: panel %r query %d differs: Grafana %r, Perses %r" % (name, title, number, one[0], other[0])
+                )
+            elif one is not None and one[1] != other[1]:
+                found.append(
+                    "%s: panel %r query %d's legend differs: Grafana %r, Perses %r"
+                    % (name, title, number, one[1], other[1])
                 )
         if unit is not None and unit != their_unit:
             found.append(

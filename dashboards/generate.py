@@ -66,7 +66,8 @@ except ImportError as error:  # pragma: no cover - the message is the point
     )
 
 TAG = "longhaul"
-# InfluxQL query text -> its PromQL twin {"expr", "legend"} (influx_target, influx_var).
+# (InfluxQL query text, alias; None for a variable) -> its PromQL twin {"expr", "legend"}
+# (influx_target, influx_var): one query is drawn under several aliases.
 TWINS = {}
 PROM = model.DataSourceRef(type_val="prometheus", uid="${prometheus_datasource}")
 INFLUX = model.DataSourceRef(type_val="influxdb", uid="${influxdb_datasource}")
@@ -264,7 +265,7 @@ def prom_var(name, label, query):
 def influx_var(name, label, query, twin):
     """An InfluxQL variable, and `twin`: the label_values() of the same values
     in Prometheus, the Perses rendering's (perses.py)."""
-    TWINS[query] = {"expr": twin, "legend": ""}
+    TWINS[(query, None)] = {"expr": twin, "legend": ""}
     return query_var(name, label, INFLUX, query)
 
 
@@ -352,7 +353,7 @@ def influx_target(queries, alias, ref="A"):
     rendering (perses.py) draws, from the counters Telegraf also publishes to
     Prometheus."""
     query, twin = queries
-    TWINS[query] = {"expr": twin, "legend": perses.legend_of_alias(alias)}
+    TWINS[(query, alias)] = {"expr": twin, "legend": perses.legend_of_alias(alias)}
     return Built(InfluxQLQuery(query=query, alias=alias, ref_id=ref, datasource=INFLUX))
 
 

@@ -88,7 +88,7 @@ def target_query(target, twins, where):
     if kind == "prometheus":
         return query(target["expr"], target.get("legendFormat", ""))
     if kind == "influxdb":
-        twin = twins.get(target["query"])
+        twin = twins.get((target["query"], target.get("alias")))
         if twin is None:
             raise PersesError("%s: InfluxQL target %s has no PromQL twin" % (where, target["refId"]))
         return query(twin["expr"], twin["legend"])
@@ -262,7 +262,7 @@ def list_variable(variable, twins, where):
     text = variable["query"]
     kind = (variable.get("datasource") or {}).get("type")
     if kind == "influxdb":
-        twin = twins.get(text)
+        twin = twins.get((text, None))
         if twin is None:
             raise PersesError("%s: InfluxQL variable %s has no PromQL twin" % (where, variable["name"]))
         text = twin["expr"]
@@ -296,7 +296,8 @@ def duration(grafana_from):
 
 def to_perses(board, twins):
     """The Perses dashboard of a built Grafana dashboard. `twins` maps each
-    InfluxQL query text (targets and variables) to {"expr", "legend"}."""
+    InfluxQL target's (query text, alias), and each InfluxQL variable's (query
+    text, None), to its PromQL twin {"expr", "legend"}."""
     name = board["uid"]
     panels = {}
     layouts = []

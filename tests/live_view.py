@@ -5,6 +5,7 @@ it one command at a time and reads its answer, with a time limit on each."""
 import json
 import queue
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -20,11 +21,13 @@ class LiveView:
         config = {"base": base, "user": user, "password": password}
         if height:
             config["height"] = height
+        # Node's own messages to a file: a pipe nobody reads could fill and stop it.
+        self.errors = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
             ["node", str(DRIVER), json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.errors,
             text=True,
         )
         self.answers = queue.Queue()
@@ -43,7 +46,8 @@ class LiveView:
         except queue.Empty:
             raise AssertionError("the browser did not answer %s in %d s" % (command, timeout)) from None
         if line is None:
-            raise AssertionError("the browser driver ended: %s" % self.process.stderr.read()[-3000:])
+            self.errors.seek(0)
+            raise AssertionError("the browser driver ended: %s" % self.errors.read()[-3000:])
         answer = json.loads(line)
         assert answer.get("ok"), "the browser driver failed %s: %s" % (command, answer)
         return answer
@@ -88,9 +92,24 @@ class LiveView:
         self.close()
 
 
+def panel_count(name):
+    """How many panels the Perses dashboard `name` has (dashboards/perses/)."""
+    board = json.loads((helpers.REPO / "dashboards" / "perses" / ("%s.json" % name)).read_text())
+    return len(board["spec"]["panels"])
+
+
 def not_all_data(name, settled):
-    """None when every panel of a settled page drew data (a MAY_BE_EMPTY panel may
-    say "No data") and the page logged no error, else what is wrong, by panel."""
+    """None when every panel of the settled page of dashboard `name` is there (a
+    panel out of view is not drawn at all: the count is checked) and drew data
+    (a MAY_BE_EMPTY panel may say "No data"), and the page logged no error;
+    else what is wrong, by panel."""
+    if len(settled["panels"]) != panel_count(name):
+        return "%s: %d panels on the page, %d in the dashboard (some out of view?):\n%s" % (
+            name,
+            len(settled["panels"]),
+            panel_count(name),
+            describe(settled["panels"]),
+        )
     bad = [
         p
         for p in settled["panels"]

@@ -292,3 +292,17 @@ def test_generate_writes_the_perses_rendering_of_every_influxql_query_as_promql(
     cpu = json.loads((tmp_path / "perses" / "cpu.json").read_text())
     titles = {p["spec"]["display"]["name"] for p in cpu["spec"]["panels"].values()}
     assert {"CPU by mode", "Campaign runs", "Longhaul alerts", "Sessions"} <= titles
+
+
+def test_a_legend_or_variable_option_that_differs_fails(renderings):
+    def change(board):
+        spec = perses_panel(board, "Per-stream throughput")["spec"]
+        spec["queries"][0]["spec"]["plugin"]["spec"]["seriesNameFormat"] = "{{stream}}"
+        board["spec"]["variables"][0]["spec"]["customAllValue"] = ".*"
+
+    edit_perses(renderings, "transfer-overview.json", change)
+    disagrees(
+        renderings,
+        "panel 'Per-stream throughput' query 1's legend differs: Grafana '{{session}}/{{stream}}', Perses '{{stream}}'",
+        "transfer-overview.json: variables differ",
+    )

@@ -202,20 +202,35 @@ def test_an_unlicensed_npm_package_fails(scratch):
     )
 
 
-def test_an_npm_package_without_a_licence_field_is_judged_by_its_licence_file(scratch):
+def test_an_npm_package_without_a_licence_field_needs_a_review_of_its_licence_file(scratch):
     """Perses's plugins name no licence in package.json; their LICENSE is
-    Apache-2.0's text. Installed beside the lockfile, that file decides: an
-    Apache-2.0 text passes, the AGPL's fails, an unknown text or none fails,
-    and a package not installed fails saying so."""
+    Apache-2.0's. Such a package passes only as licences-reviewed.json (beside
+    the lockfile) lists it: the same version, the installed licence file with
+    the reviewed sha256. A text that merely contains a licence's words, another
+    version, a changed file, an AGPL file, an unlisted or uninstalled package fail."""
+    import hashlib
+
     tree = scratch[0]
-    lock = tree / "web" / "package-lock.json"
-    modules = tree / "web" / "node_modules"
-    plugin = modules / "@perses-dev" / "prometheus-plugin"
-    plugin.mkdir(parents=True)
-    (plugin / "LICENSE").write_text(
-        "                                 Apache License\n"
-        "                           Version 2.0, January 2004\n"
-    )
+    web = tree / "web"
+    lock = web / "package-lock.json"
+    modules = web / "node_modules"
+    apache = "                                 Apache License\n                           Version 2.0, January 2004\n"
+
+    def package(name, text):
+        (modules / name).mkdir(parents=True)
+        if text is not None:
+            (modules / name / "LICENSE").write_text(text)
+
+    package("@perses-dev/prometheus-plugin", apache)
+    reviewed = {
+        "@perses-dev/prometheus-plugin": {
+            "version": "0.53.4",
+            "licence": "Apache-2.0",
+            "file": "LICENSE",
+            "sha256": hashlib.sha256(apache.encode()).hexdigest(),
+        }
+    }
+    (web / "licences-reviewed.json").write_text(json.dumps({"packages": reviewed}))
     data = {
         "lockfileVersion": 3,
         "packages": {"": {}, "node_modules/@perses-dev/prometheus-plugin": {"version": "0.53.4"}},
@@ -223,23 +238,31 @@ def test_an_npm_package_without_a_licence_field_is_judged_by_its_licence_file(sc
     lock.write_text(json.dumps(data))
 
     def add():
-        for name, text in (("agpl", AGPL_LICENSE), ("odd", "All rights reserved.\n"), ("bare", None)):
-            (modules / name).mkdir()
-            if text is not None:
-                (modules / name / "LICENSE").write_text(text)
+        # Apache's words and a restriction after them: not what was reviewed
+        package("clause", apache + "Commons Clause: you may not sell the software.\n")
+        package("agpl", AGPL_LICENSE)
+        package("newer", apache)
+        for name in ("clause", "agpl", "newer", "unlisted", "absent"):
             data["packages"]["node_modules/" + name] = {"version": "1.0.0"}
-        data["packages"]["node_modules/absent"] = {"version": "1.0.0"}
+        for name in ("clause", "agpl", "absent"):
+            reviewed[name] = dict(reviewed["@perses-dev/prometheus-plugin"], version="1.0.0")
+        reviewed["newer"] = dict(reviewed["@perses-dev/prometheus-plugin"], version="0.9.0")
+        (web / "licences-reviewed.json").write_text(json.dumps({"packages": reviewed}))
         lock.write_text(json.dumps(data))
 
     stderr = passes_then_fails(
         scratch,
         add,
         [
+            "npm package clause 1.0.0 has no licence (its LICENSE is not the one reviewed in "
+            "licences-reviewed.json (sha256 differs))",
             "npm package agpl 1.0.0 is AGPL-3.0",
-            "npm package odd 1.0.0 has no licence (none in the lockfile, and its LICENSE is no "
-            "licence we recognise)",
-            "npm package bare 1.0.0 has no licence (none in the lockfile, and no licence file)",
-            "npm package absent 1.0.0 has no licence (none in the lockfile, and not installed",
+            "npm package newer 1.0.0 has no licence (licences-reviewed.json reviewed version 0.9.0, "
+            "the lockfile locks 1.0.0: review its licence again)",
+            "npm package unlisted 1.0.0 has no licence (none in the lockfile, and licences-reviewed.json does "
+            "not list it)",
+            "npm package absent 1.0.0 has no licence (",
+            "is not installed to check its reviewed licence file: run npm ci)",
         ],
     )
     assert "prometheus-plugin" not in stderr, stderr

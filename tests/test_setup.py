@@ -22,7 +22,7 @@ def in_bare_debian(script):
 
 
 def test_preflight_names_each_missing_prerequisite_and_how_to_get_it():
-    probe = in_bare_debian("for c in cargo rustc go python3 curl apt-get; do command -v $c >/dev/null && echo $c; done; true")
+    probe = in_bare_debian("for c in cargo rustc go python3 curl node npm apt-get; do command -v $c >/dev/null && echo $c; done; true")
     assert probe.returncode == 0, "no %s image (scripts/setup builds it): %s" % (IMAGE, probe.stderr)
     present = set(probe.stdout.split())
     assert not present & {"cargo", "rustc", "go"}, "the image is not bare: %s" % present
@@ -39,6 +39,8 @@ def test_preflight_names_each_missing_prerequisite_and_how_to_get_it():
     }
     if "python3" not in present:
         expected["Python >= 3.10"] = "apt-get install -y python3 python3-venv"
+    if not {"node", "npm"} <= present:
+        expected["Node.js >= 18 with npm"] = "apt-get install -y nodejs npm"
     if "curl" not in present:
         expected["curl, for the commands above"] = "apt-get install -y curl ca-certificates"
     items = [l[4:] for l in run.stderr.splitlines() if l.startswith("  - ")]

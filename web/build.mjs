@@ -14,7 +14,10 @@ const dashboards = join(here, '..', 'dashboards', 'perses');
 // The order of the tabs: the campaign's overview first.
 const ORDER = ['transfer-overview', 'campaign', 'router-traffic', 'links', 'disk-io', 'cpu'];
 
-rmSync(out, { recursive: true, force: true });
+// Emptied, not removed: a running container (the compose stack) mounts this very
+// directory, and would keep serving a removed one's emptiness.
+mkdirSync(out, { recursive: true });
+for (const entry of readdirSync(out)) rmSync(join(out, entry), { recursive: true, force: true });
 mkdirSync(join(out, 'dashboards'), { recursive: true });
 
 await build({

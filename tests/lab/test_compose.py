@@ -55,6 +55,7 @@ def compose_stack(project, inventory=None):
         "LONGHAUL_PROMETHEUS_PORT": helpers.free_port(),
         "LONGHAUL_ALERTMANAGER_PORT": helpers.free_port(),
         "LONGHAUL_INFLUXDB_PORT": helpers.free_port(),
+        "LONGHAUL_LIVE_VIEW_PORT": helpers.free_port(),
     }
     env = Lab.env_for_ansible()
     env.update({name: str(port) for name, port in ports.items()})
@@ -288,13 +289,37 @@ def test_telegraf_writes_the_routers_series_to_influxdb(stack):
     assert refused.value.code == 401
 
 
+def test_the_live_view_serves_the_page_and_prometheus(empty_stack):
+    """The stack's live view (roles/live_view's site, rendered by render.yml):
+    the application as make build wrote it, its dashboards, and Prometheus's
+    read API on the same origin; Prometheus's admin API is not passed on."""
+    base = empty_stack["LONGHAUL_LIVE_VIEW_PORT"]
+    with urllib.request.urlopen(base + "/d/transfer-overview?refresh=5s", timeout=30) as answer:
+        page = answer.read().decode()
+    built = (Path(os.environ.get("LONGHAUL_DIST") or REPO / "dist") / "web" / "index.html").read_text()
+    assert page == built
+    names = [entry["name"] for entry in Lab.get_json(base + "/dashboards/index.json")]
+    assert sorted(names) == sorted(p.stem for p in (REPO / "dashboards" / "perses").glob("*.json"))
+    # Prometheus's first scrape of itself may come a few seconds after `up --wait`.
+    result = wait_until(
+        lambda: Lab.get_json(base + "/prometheus/api/v1/query", {"query": 'up{job="prometheus"} == 1'})["data"]["result"],
+        60,
+        "Prometheus's self-scrape through the live view",
+    )
+    assert result[0]["value"][1] == "1", result
+    request = urllib.request.Request(base + "/prometheus/api/v1/admin/tsdb/snapshot", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 404
+
+
 def test_the_stack_has_no_grafana(stack):
     """Grafana is AGPL: nothing of ours builds, ships or runs it. The stack is
     its four services (and the init job), and no profile adds one."""
     default = set(compose("config", "--services").stdout.split())
-    assert default == {"prometheus", "alertmanager", "influxdb", "influxdb-init", "telegraf"}
+    assert default == {"prometheus", "alertmanager", "influxdb", "influxdb-init", "telegraf", "live-view"}
     running = set(compose("ps", "--services", "--status", "running").stdout.split())
-    assert running == {"prometheus", "alertmanager", "influxdb", "telegraf"}, running
+    assert running == {"prometheus", "alertmanager", "influxdb", "telegraf", "live-view"}, running
     text = (REPO / "docker-compose.yml").read_text() + (
         REPO / "docker-compose.upstream.yml"
     ).read_text()
@@ -316,6 +341,7 @@ def test_the_upstream_images_override_is_well_formed(stack):
         "prom/alertmanager:v0.27.0",
         "influxdb:1.8",
         "telegraf:1.34",
+        "nginx:1.27-bookworm",
     } <= images
     assert not any(image.startswith("longhaul/") for image in images), images
 

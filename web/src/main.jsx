@@ -3,13 +3,13 @@
 // own components against the Prometheus that the web server proxies under
 // /prometheus on this origin. No server of ours: the page, the dashboards and
 // the Prometheus API come from one nginx (roles/live_view).
-import React, { useEffect, useMemo, useState } from 'react';
+import React, { createContext, useContext, useEffect, useMemo, useState } from 'react';
 import { createRoot } from 'react-dom/client';
 import { BrowserRouter, Link, Navigate, Route, Routes, useLocation, useParams } from 'react-router-dom';
 import { QueryParamProvider } from 'use-query-params';
 import { ReactRouter6Adapter } from 'use-query-params/adapters/react-router-6';
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
-import { AppBar, Box, CssBaseline, Link as MuiLink, Tab, Tabs, ThemeProvider, Toolbar, Typography } from '@mui/material';
+import { Alert, AppBar, Box, CssBaseline, Link as MuiLink, Tab, Tabs, ThemeProvider, Toolbar, Typography } from '@mui/material';
 import { ChartsProvider, ErrorAlert, ErrorBoundary, generateChartsTheme, getTheme, NoDataOverlay, SnackbarProvider } from '@perses-dev/components';
 import { dynamicImportPluginLoader, PluginRegistry } from '@perses-dev/plugin-system';
 import { ViewDashboard } from '@perses-dev/dashboards';
@@ -44,6 +44,60 @@ const datasourceApi = {
   listGlobalDatasources: () => Promise.resolve([prometheus]),
 };
 
+// Whether Prometheus answers, asked every few seconds apart from the panels' own
+// queries: a panel whose query fails after it had drawn keeps its old drawing in
+// Perses (the error only as an icon in its header, or late on a busy page), so
+// while Prometheus does not answer every panel says so instead, in words.
+const HEALTH_EVERY_MS = 5000;
+const PrometheusAway = createContext(null);
+
+function usePrometheusAway() {
+  const [away, setAway] = useState(null);
+  useEffect(() => {
+    let live = true;
+    let timer;
+    const ask = async () => {
+      let problem = null;
+      try {
+        const response = await fetch(`${PROMETHEUS_PATH}/api/v1/status/buildinfo`, {
+          credentials: 'same-origin',
+          signal: AbortSignal.timeout(HEALTH_EVERY_MS),
+        });
+        if (!response.ok) {
+          const body = await response.json().catch(() => ({}));
+          problem = body.error || `Prometheus answers ${response.status} ${response.statusText}`;
+        }
+      } catch (error) {
+        problem = `Prometheus cannot be asked: ${error.message}`;
+      }
+      if (live) {
+        setAway(problem);
+        timer = setTimeout(ask, HEALTH_EVERY_MS);
+      }
+    };
+    ask();
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, []);
+  return away;
+}
+
+function AwayOr(Component) {
+  return function Guarded(props) {
+    const away = useContext(PrometheusAway);
+    if (away) {
+      return (
+        <Alert severity="error" data-testid="prometheus-away" sx={{ m: 1 }}>
+          {away}
+        </Alert>
+      );
+    }
+    return <Component {...props} />;
+  };
+}
+
 // Perses's Table draws an empty frame when its queries return no series; ours says
 // "No data" as every other panel does (a firing-alerts table with none firing).
 function TableOrNoData(props) {
@@ -53,9 +107,20 @@ function TableOrNoData(props) {
   }
   return <tablePlugin.Table.PanelComponent {...props} />;
 }
-const tableModule = { ...tablePlugin, Table: { ...tablePlugin.Table, PanelComponent: TableOrNoData } };
 
-const plugins = [prometheusPlugin, timeSeriesChartPlugin, statChartPlugin, tableModule, statusHistoryChartPlugin];
+// A plugin module whose panel `kind` says when Prometheus is away (and draws
+// through `component` when given).
+function withPanel(module, kind, component) {
+  return { ...module, [kind]: { ...module[kind], PanelComponent: AwayOr(component || module[kind].PanelComponent) } };
+}
+
+const plugins = [
+  prometheusPlugin,
+  withPanel(timeSeriesChartPlugin, 'TimeSeriesChart'),
+  withPanel(statChartPlugin, 'StatChart'),
+  withPanel(tablePlugin, 'Table', TableOrNoData),
+  withPanel(statusHistoryChartPlugin, 'StatusHistoryChart'),
+];
 const pluginLoader = dynamicImportPluginLoader(
   plugins.map((plugin) => ({ resource: plugin.getPluginModule(), importPlugin: () => Promise.resolve(plugin) }))
 );
@@ -173,18 +238,19 @@ function keepTime(search) {
 }
 
 function App() {
+  const away = usePrometheusAway();
   const { data: index, error } = useJson('/dashboards/index.json');
   const first = useMemo(() => (index && index.length ? index[0].name : undefined), [index]);
   if (error) return <Message>The list of dashboards could not be loaded: {error.message}</Message>;
   if (!index) return <Message>Loading…</Message>;
   return (
-    <>
+    <PrometheusAway.Provider value={away}>
       <Navigation index={index} />
       <Routes>
         <Route path="/d/:name" element={<DashboardPage />} />
         <Route path="*" element={first ? <Navigate to={`/d/${first}`} replace /> : <Message>No dashboards.</Message>} />
       </Routes>
-    </>
+    </PrometheusAway.Provider>
   );
 }
 

@@ -12,7 +12,7 @@
 //        "error", every panel is in that state, the states unchanged for M ms
 //        (default 3000); answers the panels either way (title, state, legend
 //        entries, text), whether it held, and the time until it first held
-//        (the time to draw every panel)
+//        (the time to draw every panel), from the settle and from the last open
 //   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
 //   {"cmd": "queries"}                             Prometheus requests since "open" or the last "queries"
 //   {"cmd": "heap"}                                the page's JS heap (bytes used)
@@ -103,6 +103,7 @@ function panels() {
 
 // Settled: every panel drawn (and in the wanted state) and the panels' states
 // unchanged for stableMs, so a first drawing of a partial answer does not count.
+let openedAt = Date.now();
 async function settle(want, timeoutMs, stableMs) {
   const started = Date.now();
   let seen = [];
@@ -118,7 +119,14 @@ async function settle(want, timeoutMs, stableMs) {
     last = key;
     if (held && firstHeld === null) firstHeld = Date.now() - started;
     if ((held && Date.now() - since >= stableMs) || Date.now() - started > timeoutMs) {
-      return { held: held && Date.now() - since >= stableMs, ms: firstHeld ?? Date.now() - started, panels: seen };
+      const stable = held && Date.now() - since >= stableMs;
+      return {
+        held: stable,
+        ms: firstHeld ?? Date.now() - started,
+        // from the start of the last "open" (the page's download and start included)
+        sinceOpenMs: (firstHeld === null ? Date.now() - started : firstHeld) + (started - openedAt),
+        panels: seen,
+      };
     }
     await page.waitForTimeout(250);
   }
@@ -134,12 +142,16 @@ for await (const line of commands) {
       case 'open':
         queries = [];
         consoleErrors.length = 0;
+        openedAt = Date.now();
         await page.goto(config.base + command.path, { waitUntil: 'load' });
         answer = { ok: true, url: page.url() };
         break;
       case 'settle':
         answer = { ok: true, ...(await settle(command.want || 'drawn', command.timeoutMs || 30000, command.stableMs ?? 3000)) };
-        answer.title = await page.locator('[data-testid="dashboard-title"]').textContent({ timeout: 1000 }).catch(() => null);
+        answer.title = await page.evaluate(() => {
+          const title = document.querySelector('[data-testid="dashboard-title"]');
+          return title ? title.textContent : null;
+        });
         answer.consoleErrors = consoleErrors.slice(0, 20);
         break;
       case 'screenshot':
