@@ -42,7 +42,8 @@ def grafana_panels(board):
             if kind == "prometheus":
                 queries.append((target.get("expr"), target.get("legendFormat", "")))
             elif kind == "influxdb":
-                queries.append(None)  # its PromQL twin is generate.py's (TWINS)
+                # its PromQL twin is generate.py's (TWINS); its legend is the alias's tags
+                queries.append((None, perses.legend_of_alias(target.get("alias", ""))))
             else:
                 queries.append(("(a target of data source %r)" % kind, ""))
         unit = perses.UNITS.get(panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "none"))
@@ -83,15 +84,27 @@ def variables(grafana, persesboard):
     for v in grafana.get("templating", {}).get("list", []):
         if v["type"] == "datasource":
             continue
-        prometheus = (v.get("datasource") or {}).get("type") == "prometheus"
-        ours.append((v["name"], v["query"] if prometheus else None, bool(v.get("multi")), v.get("allValue") or None))
+        kind = (v.get("datasource") or {}).get("type")
+        # an InfluxQL variable's PromQL twin is generate.py's; any other kind is compared as it is
+        query = None if kind == "influxdb" else v.get("query")
+        ours.append(
+            (v["name"], query, bool(v.get("multi")), bool(v.get("includeAll")), v.get("allValue") or None)
+        )
     theirs = []
     for v in persesboard.get("spec", {}).get("variables", []):
         spec = v["spec"]
-        plugin = spec["plugin"]["spec"]
+        plugin = spec.get("plugin", {}).get("spec", {})
         matchers = plugin.get("matchers") or []
-        query = "label_values(%s)" % ", ".join(matchers + [plugin["labelName"]])
-        theirs.append((spec["name"], query, bool(spec.get("allowMultiple")), spec.get("customAllValue")))
+        query = "label_values(%s)" % ", ".join(matchers + [plugin.get("labelName", "(no labelName)")])
+        theirs.append(
+            (
+                spec["name"],
+                query,
+                bool(spec.get("allowMultiple")),
+                bool(spec.get("allowAllValue")),
+                spec.get("customAllValue"),
+            )
+        )
     # An InfluxQL variable's PromQL twin is generate.py's: its name and options are compared.
     theirs = [t if o[1] is not None else (t[0], None) + t[2:] for o, t in zip(ours, theirs)] + theirs[len(ours):]
     return ours, theirs
@@ -112,11 +125,11 @@ def compare(name, grafana, persesboard):
             )
             continue
         for number, (one, other) in enumerate(zip(ours, theirs), start=1):
-            if one is not None and one[0] != other[0]:
+            if one[0] is not None and one[0] != other[0]:
                 found.append(
                     "%s: panel %r query %d differs: Grafana %r, Perses %r" % (name, title, number, one[0], other[0])
                 )
-            elif one is not None and one[1] != other[1]:
+            elif one[1] != other[1]:
                 found.append(
                     "%s: panel %r query %d's legend differs: Grafana %r, Perses %r"
                     % (name, title, number, one[1], other[1])

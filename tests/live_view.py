@@ -77,13 +77,14 @@ class LiveView:
         if self.process.poll() is None:
             try:
                 self.send(timeout=30, cmd="quit")
-            except AssertionError:
+            except (AssertionError, BrokenPipeError, ValueError):
                 pass
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.errors.close()
 
     def __enter__(self):
         return self

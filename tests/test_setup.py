@@ -40,7 +40,8 @@ def test_preflight_names_each_missing_prerequisite_and_how_to_get_it():
     if "python3" not in present:
         expected["Python >= 3.10"] = "apt-get install -y python3 python3-venv"
     if not {"node", "npm"} <= present:
-        expected["Node.js >= 18 with npm"] = "apt-get install -y nodejs npm"
+        node_min = re.search(r"^node_min=(\S+)", (REPO / "scripts" / "setup").read_text(), re.M).group(1)
+        expected["Node.js >= %s with npm" % node_min] = "apt-get install -y nodejs npm"
     if "curl" not in present:
         expected["curl, for the commands above"] = "apt-get install -y curl ca-certificates"
     items = [l[4:] for l in run.stderr.splitlines() if l.startswith("  - ")]

@@ -179,6 +179,32 @@ def test_an_empty_stack_raises_no_alert(empty_stack):
     assert alerts == [], alerts
 
 
+def test_the_live_view_serves_the_page_and_prometheus(empty_stack):
+    """The stack's live view (roles/live_view's site, rendered by render.yml):
+    the application as make build wrote it, its dashboards, and Prometheus's
+    read API on the same origin; Prometheus's admin API is not passed on.
+    Before the next test restarts Prometheus twenty times (nginx resolves its
+    name when it starts)."""
+    base = empty_stack["LONGHAUL_LIVE_VIEW_PORT"]
+    with urllib.request.urlopen(base + "/d/transfer-overview?refresh=5s", timeout=30) as answer:
+        page = answer.read().decode()
+    built = (Path(os.environ.get("LONGHAUL_DIST") or REPO / "dist") / "web" / "index.html").read_text()
+    assert page == built
+    names = [entry["name"] for entry in Lab.get_json(base + "/dashboards/index.json")]
+    assert sorted(names) == sorted(p.stem for p in (REPO / "dashboards" / "perses").glob("*.json"))
+    # Prometheus's first scrape of itself may come a few seconds after `up --wait`.
+    result = wait_until(
+        lambda: Lab.get_json(base + "/prometheus/api/v1/query", {"query": 'up{job="prometheus"} == 1'})["data"]["result"],
+        60,
+        "Prometheus's self-scrape through the live view",
+    )
+    assert result[0]["value"][1] == "1", result
+    request = urllib.request.Request(base + "/prometheus/api/v1/admin/tsdb/snapshot", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 404
+
+
 def test_a_query_right_after_up_wait_succeeds(empty_stack):
     """`docker compose up -d --wait` returned once the processes ran, before
     Prometheus, Alertmanager and InfluxDB answered: a script that queried at
@@ -287,30 +313,6 @@ def test_telegraf_writes_the_routers_series_to_influxdb(stack):
     with pytest.raises(urllib.error.HTTPError) as refused:
         Lab.get_json(influxdb + "/query", {"q": "SHOW DATABASES"})
     assert refused.value.code == 401
-
-
-def test_the_live_view_serves_the_page_and_prometheus(empty_stack):
-    """The stack's live view (roles/live_view's site, rendered by render.yml):
-    the application as make build wrote it, its dashboards, and Prometheus's
-    read API on the same origin; Prometheus's admin API is not passed on."""
-    base = empty_stack["LONGHAUL_LIVE_VIEW_PORT"]
-    with urllib.request.urlopen(base + "/d/transfer-overview?refresh=5s", timeout=30) as answer:
-        page = answer.read().decode()
-    built = (Path(os.environ.get("LONGHAUL_DIST") or REPO / "dist") / "web" / "index.html").read_text()
-    assert page == built
-    names = [entry["name"] for entry in Lab.get_json(base + "/dashboards/index.json")]
-    assert sorted(names) == sorted(p.stem for p in (REPO / "dashboards" / "perses").glob("*.json"))
-    # Prometheus's first scrape of itself may come a few seconds after `up --wait`.
-    result = wait_until(
-        lambda: Lab.get_json(base + "/prometheus/api/v1/query", {"query": 'up{job="prometheus"} == 1'})["data"]["result"],
-        60,
-        "Prometheus's self-scrape through the live view",
-    )
-    assert result[0]["value"][1] == "1", result
-    request = urllib.request.Request(base + "/prometheus/api/v1/admin/tsdb/snapshot", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=30)
-    assert refused.value.code == 404
 
 
 def test_the_stack_has_no_grafana(stack):

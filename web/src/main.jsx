@@ -47,33 +47,49 @@ const datasourceApi = {
 // Whether Prometheus answers, asked every few seconds apart from the panels' own
 // queries: a panel whose query fails after it had drawn keeps its old drawing in
 // Perses (the error only as an icon in its header, or late on a busy page), so
-// while Prometheus does not answer every panel says so instead, in words.
+// while Prometheus does not answer every panel says so instead, in words. "Away"
+// is what says Prometheus is: no answer, 502/503/504 (our nginx's JSON when it
+// gets none), twice in a row so one lost request blanks nothing. A refused login
+// (401) says so; a request over the rate limit (429) is no news about Prometheus.
 const HEALTH_EVERY_MS = 5000;
 const PrometheusAway = createContext(null);
+
+async function askPrometheus() {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), HEALTH_EVERY_MS);
+  try {
+    const response = await fetch(`${PROMETHEUS_PATH}/api/v1/status/buildinfo`, {
+      credentials: 'same-origin',
+      signal: abort.signal,
+    });
+    if (response.ok || response.status === 429) return { away: null };
+    if (response.status === 401) {
+      return { away: 'The login was refused (401): reload the page and log in again.', now: true };
+    }
+    const body = await response.json().catch(() => ({}));
+    if ([502, 503, 504].includes(response.status)) {
+      return { away: body.error || `Prometheus does not answer the live view (${response.status})` };
+    }
+    return { away: null };
+  } catch (error) {
+    return { away: `Prometheus does not answer the live view: ${error.name === 'AbortError' ? 'no answer in 5 s' : error.message}` };
+  } finally {
+    clearTimeout(timer);
+  }
+}
 
 function usePrometheusAway() {
   const [away, setAway] = useState(null);
   useEffect(() => {
     let live = true;
     let timer;
+    let failures = 0;
     const ask = async () => {
-      let problem = null;
-      try {
-        const response = await fetch(`${PROMETHEUS_PATH}/api/v1/status/buildinfo`, {
-          credentials: 'same-origin',
-          signal: AbortSignal.timeout(HEALTH_EVERY_MS),
-        });
-        if (!response.ok) {
-          const body = await response.json().catch(() => ({}));
-          problem = body.error || `Prometheus answers ${response.status} ${response.statusText}`;
-        }
-      } catch (error) {
-        problem = `Prometheus cannot be asked: ${error.message}`;
-      }
-      if (live) {
-        setAway(problem);
-        timer = setTimeout(ask, HEALTH_EVERY_MS);
-      }
+      const { away: problem, now } = await askPrometheus();
+      if (!live) return;
+      failures = problem ? failures + 1 : 0;
+      setAway(problem && (now || failures >= 2) ? problem : null);
+      timer = setTimeout(ask, HEALTH_EVERY_MS);
     };
     ask();
     return () => {
