@@ -55,14 +55,22 @@ class LiveView:
     def open(self, path):
         return self.send(cmd="open", path=path)
 
-    def settle(self, want="drawn", timeout_s=60, stable_s=3):
+    def settle(self, want="drawn", timeout_s=60, stable_s=3, allow_nodata=()):
         return self.send(
             timeout=timeout_s + stable_s + 60,
             cmd="settle",
             want=want,
             timeoutMs=int(timeout_s * 1000),
             stableMs=int(stable_s * 1000),
+            allowNoData=sorted(allow_nodata),
         )
+
+    def settle_with_data(self, timeout_s=90):
+        """Every panel with data (a MAY_BE_EMPTY one may say "No data"), the states
+        unchanged for 3 s: a panel's first answer may come before its variables'
+        (Perses asks with the variables' previous values, then again), so a panel
+        is given until `timeout_s` to draw its data."""
+        return self.settle("data", timeout_s, allow_nodata=MAY_BE_EMPTY)
 
     def screenshot(self, path, full_page=True):
         return self.send(cmd="screenshot", path=str(path), fullPage=full_page)
@@ -119,6 +127,20 @@ def not_all_data(name, settled):
     if settled["held"] and not bad and not settled["consoleErrors"]:
         return None
     return "%s (%d ms, console %s):\n%s" % (name, settled["ms"], settled["consoleErrors"], describe(settled["panels"]))
+
+
+def not_recovered(before, back):
+    """What is wrong with the panels once Prometheus is back, compared with
+    `before` it went away: none may still show an error (or nothing), and each
+    chart that drew series before draws series again. (An instant table's
+    sessions may have ended meanwhile: it may say "No data".)"""
+    problems = [p for p in back["panels"] if p["state"] not in ("data", "nodata")]
+    charts = {p["title"] for p in before["panels"] if p["state"] == "data" and p.get("legendCount", 0) > 0}
+    drawn = {p["title"] for p in back["panels"] if p["state"] == "data"}
+    problems += [p for p in back["panels"] if p["title"] in charts - drawn]
+    if back["held"] and not problems:
+        return None
+    return "after Prometheus came back:\n" + describe(back["panels"])
 
 
 def describe(panels):

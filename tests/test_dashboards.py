@@ -26,7 +26,7 @@ import yaml
 
 import helpers
 from dashboard_queries import Dashboard, empty_targets, load_dashboards, panels_of
-from live_view import MAY_BE_EMPTY, LiveView, describe, not_all_data, start_live_view
+from live_view import LiveView, describe, not_all_data, not_recovered, start_live_view
 from stack import ROUTER, SCRAPE_S, SNMP_INTERFACES, Stack
 
 DASHBOARDS = helpers.REPO / "dashboards"
@@ -485,7 +485,7 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
     with LiveView(base) as view:
         for entry in index:
             view.open("/d/%s?refresh=5s" % entry["name"])
-            settled = view.settle("drawn", 60)
+            settled = view.settle_with_data(90)
             view.screenshot(tmp_path / ("%s.png" % entry["name"]))
             failure = not_all_data(entry["name"], settled)
             if failure:
@@ -499,7 +499,8 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
         assert not failures, "panels not drawn with data:\n" + "\n".join(failures)
 
         view.open("/d/transfer-overview?refresh=5s")
-        assert view.settle("drawn", 60)["held"]
+        before = view.settle_with_data(90)
+        assert before["held"], describe(before["panels"])
         prometheus = next(p for p in module_processes.started if p.name == "prometheus")
         prometheus.terminate()
         prometheus.wait(timeout=30)
@@ -513,7 +514,7 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
         assert down["held"], "not every panel says Prometheus is away:\n" + describe(down["panels"])
         unreadable = [p["title"] for p in down["panels"] if "Prometheus does not answer the live view" not in p["text"]]
         assert not unreadable, describe(down["panels"])
-        back = view.settle("drawn", 60)
-        stale = [p for p in back["panels"] if p["state"] != "data" and p["title"] not in MAY_BE_EMPTY]
-        assert back["held"] and not stale, "after Prometheus came back:\n" + describe(back["panels"])
+        back = view.settle("drawn", 90)
+        problem = not_recovered(before, back)
+        assert problem is None, problem
         module_processes.check_running(restarted)

@@ -7,9 +7,10 @@
 //
 // Reads one JSON command per line on stdin, answers one JSON line on stdout:
 //   {"cmd": "open", "path": "/d/cpu?refresh=5s"}   load a page (counts its queries from here)
-//   {"cmd": "settle", "want": "drawn"|"data"|"error", "timeoutMs": N, "stableMs": M}
+//   {"cmd": "settle", "want": "drawn"|"data"|"error", "timeoutMs": N, "stableMs": M, "allowNoData": [TITLE]}
 //        wait until every panel is drawn (no longer loading) and, for "data" or
-//        "error", every panel is in that state, the states unchanged for M ms
+//        "error", every panel is in that state (for "data", the panels titled in
+//        allowNoData may say "No data"), the states unchanged for M ms
 //        (default 3000); answers the panels either way (title, state, legend
 //        entries, text), whether it held, and the time until it first held
 //        (the time to draw every panel), from the settle and from the last open
@@ -104,7 +105,7 @@ function panels() {
 // Settled: every panel drawn (and in the wanted state) and the panels' states
 // unchanged for stableMs, so a first drawing of a partial answer does not count.
 let openedAt = Date.now();
-async function settle(want, timeoutMs, stableMs) {
+async function settle(want, timeoutMs, stableMs, allowNoData) {
   const started = Date.now();
   let seen = [];
   let since = null;
@@ -113,7 +114,8 @@ async function settle(want, timeoutMs, stableMs) {
   for (;;) {
     seen = await panels();
     const drawn = seen.length > 0 && seen.every((panel) => panel.state !== 'loading' && panel.state !== 'empty');
-    const held = drawn && (want === 'drawn' || seen.every((panel) => panel.state === want));
+    const wanted = (panel) => panel.state === want || (want === 'data' && panel.state === 'nodata' && allowNoData.includes(panel.title));
+    const held = drawn && (want === 'drawn' || seen.every(wanted));
     const key = JSON.stringify(seen.map((panel) => [panel.title, panel.state]));
     if (!held || key !== last) since = held ? Date.now() : null;
     last = key;
@@ -147,7 +149,10 @@ for await (const line of commands) {
         answer = { ok: true, url: page.url() };
         break;
       case 'settle':
-        answer = { ok: true, ...(await settle(command.want || 'drawn', command.timeoutMs || 30000, command.stableMs ?? 3000)) };
+        answer = {
+          ok: true,
+          ...(await settle(command.want || 'drawn', command.timeoutMs || 30000, command.stableMs ?? 3000, command.allowNoData || [])),
+        };
         answer.title = await page.evaluate(() => {
           const title = document.querySelector('[data-testid="dashboard-title"]');
           return title ? title.textContent : null;
