@@ -72,6 +72,12 @@ class LiveView:
         is given until `timeout_s` to draw its data."""
         return self.settle("data", timeout_s, allow_nodata=MAY_BE_EMPTY)
 
+    def settle_recovered(self, before, timeout_s=90):
+        """After Prometheus's return: every panel of `before` out of its error, with
+        data or "No data" (an instant table's sessions may have ended meanwhile),
+        the states unchanged for 3 s; `not_recovered` then says what is wrong."""
+        return self.settle("data", timeout_s, allow_nodata={p["title"] for p in before["panels"]})
+
     def screenshot(self, path, full_page=True):
         return self.send(cmd="screenshot", path=str(path), fullPage=full_page)
 

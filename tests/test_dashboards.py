@@ -514,7 +514,7 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
         assert down["held"], "not every panel says Prometheus is away:\n" + describe(down["panels"])
         unreadable = [p["title"] for p in down["panels"] if "Prometheus does not answer the live view" not in p["text"]]
         assert not unreadable, describe(down["panels"])
-        back = view.settle("drawn", 90)
+        back = view.settle_recovered(before, 90)
         problem = not_recovered(before, back)
         assert problem is None, problem
         module_processes.check_running(restarted)

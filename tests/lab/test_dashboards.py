@@ -329,7 +329,7 @@ def test_the_live_view_says_prometheus_is_away_and_recovers(provisioned, transfe
         assert down["held"], "not every panel says Prometheus is away:\n" + describe(down["panels"])
         unreadable = [p["title"] for p in down["panels"] if "Prometheus does not answer the live view" not in p["text"]]
         assert not unreadable, describe(down["panels"])
-        back = view.settle("drawn", 120)
+        back = view.settle_recovered(before, 120)
         view.screenshot(SHOTS / "transfer-overview-prometheus-back.png")
         problem = not_recovered(before, back)
         assert problem is None, problem

@@ -11,7 +11,7 @@ import { ReactRouter6Adapter } from 'use-query-params/adapters/react-router-6';
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
 import { Alert, AppBar, Box, CssBaseline, Link as MuiLink, Tab, Tabs, ThemeProvider, Toolbar, Typography } from '@mui/material';
 import { ChartsProvider, ErrorAlert, ErrorBoundary, generateChartsTheme, getTheme, NoDataOverlay, SnackbarProvider } from '@perses-dev/components';
-import { dynamicImportPluginLoader, PluginRegistry } from '@perses-dev/plugin-system';
+import { dynamicImportPluginLoader, PluginRegistry, useTimeRange } from '@perses-dev/plugin-system';
 import { ViewDashboard } from '@perses-dev/dashboards';
 import * as prometheusPlugin from '@perses-dev/prometheus-plugin';
 import * as timeSeriesChartPlugin from '@perses-dev/timeseries-chart-plugin';
@@ -98,6 +98,27 @@ function usePrometheusAway() {
     };
   }, []);
   return away;
+}
+
+// While Prometheus is away the page's auto-refresh pauses (and resumes, with one
+// refresh, once it is back): a panel without data whose query is in flight is drawn
+// by Perses as a skeleton, and with a refresh every few seconds some panel always
+// would be, saying nothing; paused, every panel settles on its error.
+function PauseWhileAway() {
+  const away = useContext(PrometheusAway);
+  const { refreshInterval, setRefreshInterval, refresh } = useTimeRange();
+  const [paused, setPaused] = useState(null);
+  useEffect(() => {
+    if (away && paused === null && refreshInterval && refreshInterval !== '0s') {
+      setPaused(refreshInterval);
+      setRefreshInterval('0s');
+    } else if (!away && paused !== null) {
+      setRefreshInterval(paused);
+      setPaused(null);
+      refresh();
+    }
+  }, [away, paused, refreshInterval, setRefreshInterval, refresh]);
+  return null;
 }
 
 function AwayOr(Component) {
@@ -203,9 +224,12 @@ function DashboardPage() {
         isDatasourceEnabled={false}
         isInitialVariableSticky={true}
         dashboardTitleComponent={
-          <Typography variant="h2" component="h1" data-testid="dashboard-title">
-            {data.spec.display.name}
-          </Typography>
+          <>
+            <Typography variant="h2" component="h1" data-testid="dashboard-title">
+              {data.spec.display.name}
+            </Typography>
+            <PauseWhileAway />
+          </>
         }
         sx={{ height: 'calc(100vh - 48px)' }}
       />
