@@ -310,6 +310,21 @@ def to_perses(board, twins):
         layouts.append(grid)
         return grid
 
+    def place(grid, key, box, title, description, plugin, queries):
+        """A panel under `key`, and its place (x, y, width, height) in `grid`."""
+        panels[key] = {
+            "kind": "Panel",
+            "spec": {
+                "display": {"name": title, "description": description},
+                "plugin": plugin,
+                "queries": queries,
+            },
+        }
+        x, y, width, height = box
+        grid["spec"]["items"].append(
+            {"x": x, "y": y, "width": width, "height": height, "content": {"$ref": "#/spec/panels/%s" % key}}
+        )
+
     top = 0
     for panel in board["panels"]:
         where = "%s: %s" % (name, panel["title"])
@@ -320,45 +335,27 @@ def to_perses(board, twins):
             continue
         if group is None:
             group = new_group(None)
-        key = "panel%d" % panel["id"]
-        panels[key] = {
-            "kind": "Panel",
-            "spec": {
-                "display": {"name": perses_title(panel), "description": panel.get("description", "")},
-                "plugin": panel_plugin(panel, where),
-                "queries": [target_query(t, twins, where) for t in panel.get("targets", [])],
-            },
-        }
-        group["spec"]["items"].append(
-            {
-                "x": pos["x"],
-                "y": pos["y"] - top,
-                "width": pos["w"],
-                "height": pos["h"],
-                "content": {"$ref": "#/spec/panels/%s" % key},
-            }
+        place(
+            group,
+            "panel%d" % panel["id"],
+            (pos["x"], pos["y"] - top, pos["w"], pos["h"]),
+            perses_title(panel),
+            panel.get("description", ""),
+            panel_plugin(panel, where),
+            [target_query(t, twins, where) for t in panel.get("targets", [])],
         )
     extra = annotation_panels(board)
     if extra:
         grid = new_group(ANNOTATIONS_GROUP)
         for number, panel in enumerate(extra):
-            key = "annotation%d" % (number + 1)
-            panels[key] = {
-                "kind": "Panel",
-                "spec": {
-                    "display": {"name": panel["title"], "description": panel["description"]},
-                    "plugin": panel["plugin"],
-                    "queries": panel["queries"],
-                },
-            }
-            grid["spec"]["items"].append(
-                {
-                    "x": 8 * (number % 3),
-                    "y": 8 * (number // 3),
-                    "width": 8,
-                    "height": 8,
-                    "content": {"$ref": "#/spec/panels/%s" % key},
-                }
+            place(
+                grid,
+                "annotation%d" % (number + 1),
+                (8 * (number % 3), 8 * (number // 3), 8, 8),
+                panel["title"],
+                panel["description"],
+                panel["plugin"],
+                panel["queries"],
             )
     variables = []
     for variable in board.get("templating", {}).get("list", []):
