@@ -78,6 +78,9 @@ class LiveView:
         the states unchanged for 3 s; `not_recovered` then says what is wrong."""
         return self.settle("data", timeout_s, allow_nodata={p["title"] for p in before["panels"]})
 
+    def viewport(self, width, height):
+        return self.send(cmd="viewport", width=width, height=height)
+
     def screenshot(self, path, full_page=True):
         return self.send(cmd="screenshot", path=str(path), fullPage=full_page)
 

@@ -501,6 +501,20 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
         view.open("/d/transfer-overview?refresh=5s")
         before = view.settle_with_data(90)
         assert before["held"], describe(before["panels"])
+        # A narrower window: the panels narrow and every chart is drawn again to
+        # fill its box (our EChart resizes a chart when its box changes size,
+        # web/src/echart.jsx).
+        view.viewport(1000, 4000)
+        narrow = view.settle_with_data(30)
+        view.viewport(1600, 4000)
+        narrowed = [p for p, w in zip(narrow["panels"], before["panels"])
+                    if p["chartWidth"] > 0 and p["boxWidth"] < 0.9 * w["boxWidth"]]
+        assert len(narrowed) >= 10, describe(narrow["panels"])
+        unfit = ["%s: chart %.0f px in a box of %.0f" % (p["title"], p["chartWidth"], p["boxWidth"])
+                 for p in narrow["panels"] if p["chartWidth"] > 0 and abs(p["chartWidth"] - p["boxWidth"]) > 2]
+        assert not unfit, "charts not drawn again to their narrower boxes:\n" + "\n".join(unfit)
+        before = view.settle_with_data(30)
+        assert before["held"], describe(before["panels"])
         prometheus = next(p for p in module_processes.started if p.name == "prometheus")
         prometheus.terminate()
         prometheus.wait(timeout=30)

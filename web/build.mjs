@@ -20,7 +20,22 @@ mkdirSync(out, { recursive: true });
 for (const entry of readdirSync(out)) rmSync(join(out, entry), { recursive: true, force: true });
 mkdirSync(join(out, 'dashboards'), { recursive: true });
 
+// Two modules of ours in the place of others: our EChart (src/echart.jsx) for
+// Perses's, which redraws a chart whole after every render of its panel, and
+// src/gcd.js for mathjs (see those files).
+const ourModules = {
+  name: 'longhaul-modules',
+  setup(bundle) {
+    // mathjs: src/gcd.js, the one function of it Perses uses.
+    bundle.onResolve({ filter: /^mathjs$/ }, () => ({ path: join(here, 'src', 'gcd.js') }));
+    bundle.onResolve({ filter: /^\.\/EChart$/ }, (args) =>
+      /@perses-dev[\\/]components[\\/]dist[\\/]EChart$/.test(args.resolveDir) ? { path: join(here, 'src', 'echart.jsx') } : undefined
+    );
+  },
+};
+
 await build({
+  plugins: [ourModules],
   entryPoints: [join(here, 'src', 'main.jsx')],
   bundle: true,
   minify: true,

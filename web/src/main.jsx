@@ -208,11 +208,33 @@ function Message({ children }) {
   );
 }
 
+// The dashboard's time range and refresh in the URL before Perses reads it:
+// Perses writes them there itself on its first render when they are missing,
+// and that write makes it compute the time range again, so every variable and
+// panel asked Prometheus twice on each page load (measured: two waves of label
+// requests a second apart before the first panel query).
+function withDefaults(search, spec) {
+  const params = new URLSearchParams(search);
+  let changed = false;
+  if (!params.has('start') && spec.duration) {
+    params.set('start', spec.duration);
+    changed = true;
+  }
+  if (!params.has('refresh') && spec.refreshInterval) {
+    params.set('refresh', spec.refreshInterval);
+    changed = true;
+  }
+  return changed ? `?${params.toString()}` : null;
+}
+
 function DashboardPage() {
   const { name } = useParams();
+  const location = useLocation();
   const { data, error } = useJson(`/dashboards/${encodeURIComponent(name)}.json`);
   if (error) return <Message>Dashboard {name} could not be loaded: {error.message}</Message>;
   if (!data) return <Message>Loading {name}…</Message>;
+  const search = withDefaults(location.search, data.spec);
+  if (search !== null) return <Navigate to={{ pathname: location.pathname, search }} replace />;
   return (
     <ErrorBoundary FallbackComponent={ErrorAlert}>
       <ViewDashboard

@@ -12,9 +12,10 @@
 //        "error", every panel is in that state (for "data", the panels titled in
 //        allowNoData may say "No data"), the states unchanged for M ms
 //        (default 3000); answers the panels either way (title, state, legend
-//        entries, text), whether it held, and the time until it first held
+//        entries, widths of chart, its box and panel, text), whether it held, and the time until it first held
 //        (the time to draw every panel), from the settle and from the last open
 //   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
+//   {"cmd": "viewport", "width": W, "height": H}   the window's new size
 //   {"cmd": "queries"}                             Prometheus requests since "open" or the last "queries"
 //   {"cmd": "heap"}                                the page's JS heap (bytes used)
 //   {"cmd": "quit"}
@@ -97,7 +98,14 @@ function panels() {
       // A time series chart with no series writes its "No data" into its canvas.
       else if (/^No data$/m.test(text) || (list && legend.length === 0)) state = 'nodata';
       else if (!list && text.length === 0 && figure.querySelector('canvas') === null) state = 'empty';
-      return { title: title ? title.textContent.trim() : '(untitled)', state, legend, legendCount, text: text.slice(0, 400) };
+      // The chart's drawing width (its widest canvas, 0 without one) and the
+      // width of the box it is drawn into (ECharts's container: the canvas's
+      // grandparent), which a chart fills once it is resized to it.
+      const canvases = [...figure.querySelectorAll('canvas')];
+      const chartWidth = Math.max(0, ...canvases.map((canvas) => canvas.getBoundingClientRect().width));
+      const boxWidth = Math.max(0, ...canvases.map((canvas) => canvas.parentElement.parentElement.getBoundingClientRect().width));
+      const panelWidth = panel.getBoundingClientRect().width;
+      return { title: title ? title.textContent.trim() : '(untitled)', state, legend, legendCount, chartWidth, boxWidth, panelWidth, text: text.slice(0, 400) };
     })
   );
 }
@@ -158,6 +166,10 @@ for await (const line of commands) {
           return title ? title.textContent : null;
         });
         answer.consoleErrors = consoleErrors.slice(0, 20);
+        break;
+      case 'viewport':
+        await page.setViewportSize({ width: command.width, height: command.height });
+        answer = { ok: true };
         break;
       case 'screenshot':
         await page.screenshot({ path: command.path, fullPage: command.fullPage ?? true });
