@@ -507,6 +507,7 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
         view.viewport(1000, 4000)
         narrow = view.settle_with_data(30)
         view.viewport(1600, 4000)
+        assert narrow["held"], describe(narrow["panels"])
         narrowed = [p for p, w in zip(narrow["panels"], before["panels"])
                     if p["chartWidth"] > 0 and p["boxWidth"] < 0.9 * w["boxWidth"]]
         assert len(narrowed) >= 10, describe(narrow["panels"])

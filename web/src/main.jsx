@@ -10,8 +10,8 @@ import { QueryParamProvider } from 'use-query-params';
 import { ReactRouter6Adapter } from 'use-query-params/adapters/react-router-6';
 import { QueryClient, QueryClientProvider } from '@tanstack/react-query';
 import { Alert, AppBar, Box, CssBaseline, Link as MuiLink, Tab, Tabs, ThemeProvider, Toolbar, Typography } from '@mui/material';
-import { ChartsProvider, ErrorAlert, ErrorBoundary, generateChartsTheme, getTheme, NoDataOverlay, SnackbarProvider } from '@perses-dev/components';
-import { dynamicImportPluginLoader, PluginRegistry, useTimeRange } from '@perses-dev/plugin-system';
+import { ChartsProvider, ErrorAlert, ErrorBoundary, generateChartsTheme, getTheme, LoadingOverlay, NoDataOverlay, SnackbarProvider } from '@perses-dev/components';
+import { dynamicImportPluginLoader, PluginRegistry } from '@perses-dev/plugin-system';
 import { ViewDashboard } from '@perses-dev/dashboards';
 import * as prometheusPlugin from '@perses-dev/prometheus-plugin';
 import * as timeSeriesChartPlugin from '@perses-dev/timeseries-chart-plugin';
@@ -100,27 +100,6 @@ function usePrometheusAway() {
   return away;
 }
 
-// While Prometheus is away the page's auto-refresh pauses (and resumes, with one
-// refresh, once it is back): a panel without data whose query is in flight is drawn
-// by Perses as a skeleton, and with a refresh every few seconds some panel always
-// would be, saying nothing; paused, every panel settles on its error.
-function PauseWhileAway() {
-  const away = useContext(PrometheusAway);
-  const { refreshInterval, setRefreshInterval, refresh } = useTimeRange();
-  const [paused, setPaused] = useState(null);
-  useEffect(() => {
-    if (away && paused === null && refreshInterval && refreshInterval !== '0s') {
-      setPaused(refreshInterval);
-      setRefreshInterval('0s');
-    } else if (!away && paused !== null) {
-      setRefreshInterval(paused);
-      setPaused(null);
-      refresh();
-    }
-  }, [away, paused, refreshInterval, setRefreshInterval, refresh]);
-  return null;
-}
-
 function AwayOr(Component) {
   return function Guarded(props) {
     const away = useContext(PrometheusAway);
@@ -146,9 +125,20 @@ function TableOrNoData(props) {
 }
 
 // A plugin module whose panel `kind` says when Prometheus is away (and draws
-// through `component` when given).
+// through `component` when given), whether it had drawn or was still waiting
+// for its first answer: Perses draws a waiting panel (no data, its query in
+// flight) with its LoadingComponent, by default a skeleton, and with a refresh
+// every few seconds some panel always would be one, saying nothing.
 function withPanel(module, kind, component) {
-  return { ...module, [kind]: { ...module[kind], PanelComponent: AwayOr(component || module[kind].PanelComponent) } };
+  const panel = module[kind];
+  return {
+    ...module,
+    [kind]: {
+      ...panel,
+      PanelComponent: AwayOr(component || panel.PanelComponent),
+      LoadingComponent: AwayOr(panel.LoadingComponent || LoadingOverlay),
+    },
+  };
 }
 
 const plugins = [
@@ -217,6 +207,8 @@ function withDefaults(search, spec) {
   const params = new URLSearchParams(search);
   let changed = false;
   if (!params.has('start') && spec.duration) {
+    // an end without a start means nothing to Perses; it would go on to other tabs
+    params.delete('end');
     params.set('start', spec.duration);
     changed = true;
   }
@@ -234,7 +226,7 @@ function DashboardPage() {
   if (error) return <Message>Dashboard {name} could not be loaded: {error.message}</Message>;
   if (!data) return <Message>Loading {name}…</Message>;
   const search = withDefaults(location.search, data.spec);
-  if (search !== null) return <Navigate to={{ pathname: location.pathname, search }} replace />;
+  if (search !== null) return <Navigate to={{ pathname: location.pathname, search, hash: location.hash }} replace />;
   return (
     <ErrorBoundary FallbackComponent={ErrorAlert}>
       <ViewDashboard
@@ -250,7 +242,6 @@ function DashboardPage() {
             <Typography variant="h2" component="h1" data-testid="dashboard-title">
               {data.spec.display.name}
             </Typography>
-            <PauseWhileAway />
           </>
         }
         sx={{ height: 'calc(100vh - 48px)' }}
