@@ -7,6 +7,7 @@ import queue
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import helpers
@@ -77,6 +78,23 @@ class LiveView:
         data or "No data" (an instant table's sessions may have ended meanwhile),
         the states unchanged for 3 s; `not_recovered` then says what is wrong."""
         return self.settle("data", timeout_s, allow_nodata={p["title"] for p in before["panels"]})
+
+    def panel_until(self, title, holds, timeout_s=60):
+        """The panel `title` read again until `holds(panel)`, at most `timeout_s`;
+        returns the last reading. A legend is a virtual list that draws its first
+        row, measures it, then the rest, and does so again after a refresh: one
+        reading can catch it with one row (lab CI W: 1 of 8 streams listed, the
+        screenshot taken next showed them)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            panels = self.settle("drawn", 30, stable_s=0)["panels"]
+            panel = next((p for p in panels if p["title"] == title), None)
+            if panel is not None and holds(panel):
+                return panel
+            if time.monotonic() > deadline:
+                assert panel is not None, "no panel %r:\n%s" % (title, describe(panels))
+                return panel
+            time.sleep(0.5)
 
     def viewport(self, width, height):
         return self.send(cmd="viewport", width=width, height=height)

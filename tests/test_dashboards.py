@@ -492,10 +492,12 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
                 failures.append(failure)
             panels = {p["title"]: p for p in settled["panels"]}
             if entry["name"] == "transfer-overview":
-                assert panels["Per-stream throughput"]["legendCount"] >= STREAMS, describe(settled["panels"])
+                streams = view.panel_until("Per-stream throughput", lambda p: p["legendCount"] >= STREAMS)
+                assert streams["legendCount"] >= STREAMS, describe(settled["panels"])
             if entry["name"] == "router-traffic":
-                legend = panels["Traffic per interface"]["legend"]
-                assert {"%s %s in" % (ROUTER, name) for name in SNMP_INTERFACES} <= set(legend), legend
+                wanted = {"%s %s in" % (ROUTER, name) for name in SNMP_INTERFACES}
+                legend = view.panel_until("Traffic per interface", lambda p: wanted <= set(p["legend"]))["legend"]
+                assert wanted <= set(legend), legend
         assert not failures, "panels not drawn with data:\n" + "\n".join(failures)
 
         view.open("/d/transfer-overview?refresh=5s")

@@ -299,13 +299,17 @@ def test_the_live_view_draws_every_panel_during_a_campaign(provisioned, transfer
                 failures.append(failure)
             if entry["name"] == "transfer-overview":
                 # "session/stream": the live run's streams and the disk campaign's
-                streams = panels["Per-stream throughput"]
+                streams = view.panel_until("Per-stream throughput", lambda p: p["legendCount"] >= LIVE_STREAMS)
                 assert streams["legendCount"] >= LIVE_STREAMS, streams
             if entry["name"] == "router-traffic":
-                legend = panels["Traffic per interface"]["legend"]
-                interfaces = {e.split()[1] for e in legend if len(e.split()) >= 2}
-                assert len(interfaces) >= 2, legend
+                traffic = view.panel_until("Traffic per interface", lambda p: len(interfaces_of(p["legend"])) >= 2)
+                assert len(interfaces_of(traffic["legend"])) >= 2, traffic["legend"]
     assert not failures, "panels not drawn with data:\n" + "\n".join(failures)
+
+
+def interfaces_of(legend):
+    """The interfaces a router-traffic legend lists ("router ifname in|out")."""
+    return {entry.split()[1] for entry in legend if len(entry.split()) >= 2}
 
 
 def test_the_live_view_says_prometheus_is_away_and_recovers(provisioned, transfers):
