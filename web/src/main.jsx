@@ -205,18 +205,14 @@ function Message({ children }) {
 // requests a second apart before the first panel query).
 function withDefaults(search, spec) {
   const params = new URLSearchParams(search);
-  let changed = false;
+  const given = params.toString();
   if (!params.has('start') && spec.duration) {
     // an end without a start means nothing to Perses; it would go on to other tabs
     params.delete('end');
     params.set('start', spec.duration);
-    changed = true;
   }
-  if (!params.has('refresh') && spec.refreshInterval) {
-    params.set('refresh', spec.refreshInterval);
-    changed = true;
-  }
-  return changed ? `?${params.toString()}` : null;
+  if (!params.has('refresh') && spec.refreshInterval) params.set('refresh', spec.refreshInterval);
+  return params.toString() === given ? null : `?${params.toString()}`;
 }
 
 function DashboardPage() {
@@ -238,11 +234,9 @@ function DashboardPage() {
         isDatasourceEnabled={false}
         isInitialVariableSticky={true}
         dashboardTitleComponent={
-          <>
-            <Typography variant="h2" component="h1" data-testid="dashboard-title">
-              {data.spec.display.name}
-            </Typography>
-          </>
+          <Typography variant="h2" component="h1" data-testid="dashboard-title">
+            {data.spec.display.name}
+          </Typography>
         }
         sx={{ height: 'calc(100vh - 48px)' }}
       />
