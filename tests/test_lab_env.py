@@ -49,7 +49,7 @@ def test_one_pair_by_default():
     assert done.stdout.splitlines() == [
         "xfer-a a 10.77.1.10",
         "xfer-b b 10.77.2.10",
-        "hosts: xfer-a xfer-b router monitor central",
+        "hosts: xfer-a xfer-b router monitor central central2",
     ]
 
 
@@ -63,7 +63,7 @@ def test_each_further_pair_gets_a_host_on_each_site():
         "xfer-b2 b 10.79.2.11",
         "xfer-a3 a 10.79.1.12",
         "xfer-b3 b 10.79.2.12",
-        "hosts: xfer-a xfer-b xfer-a2 xfer-b2 xfer-a3 xfer-b3 router monitor central",
+        "hosts: xfer-a xfer-b xfer-a2 xfer-b2 xfer-a3 xfer-b3 router monitor central central2",
     ]
 
 

@@ -249,7 +249,7 @@ def render_expected_sets(tmp_path, inventory=None):
         {"ansible.builtin.include_vars": {"file": str(ROLE / "defaults" / "main.yml")}},
         {"ansible.builtin.include_vars": {"file": str(ROLE / "vars" / "main.yml")}},
     ] + [template_task(template, tmp_path / (kind + ".yml")) for kind, template in EXPECTED_TEMPLATES.items()]
-    done = run_local_playbook(tmp_path, tasks, {}, inventory=inventory)
+    done = run_local_playbook(tmp_path, tasks, {"role_path": str(ROLE)}, inventory=inventory)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {kind: (tmp_path / (kind + ".yml")).read_text() for kind in EXPECTED_TEMPLATES}
 

@@ -170,13 +170,16 @@ class Lab:
         self.prometheus_url = "https://%s:9090" % self.monitor
         self.alertmanager_url = "https://%s:9093" % self.monitor
         self.influxdb_url = "https://%s:8086" % self.monitor
-        self.central_url = "https://%s:9090" % env["LAB_IP_CENTRAL"]
+        # The central store: two VictoriaMetrics replicas behind nginx (roles/victoriametrics).
+        self.central_urls = ["https://%s:8427" % env[v] for v in ("LAB_IP_CENTRAL", "LAB_IP_CENTRAL2")]
+        self.central_url = self.central_urls[0]
         self.bottleneck_rate = env["LAB_BOTTLENECK_RATE"]
         self.bottleneck_bps = rate_bps(self.bottleneck_rate)
         self.address = {
             "router": env["LAB_IP_ROUTER_A"],
             "monitor": env["LAB_IP_MONITOR_A"],
             "central": env["LAB_IP_CENTRAL"],
+            "central2": env["LAB_IP_CENTRAL2"],
         }
         # Every pair's transfer hosts: LAB_IP_XFER_A is xfer-a, LAB_IP_XFER_B2 xfer-b2.
         for name, value in env.items():
@@ -414,6 +417,38 @@ class Lab:
             for alert in rule.get("alerts", [])
         }
         return states
+
+
+MAIL_DIR = "/var/lib/lab-alert-mail/maildir/new"
+HOOK_DIR = "/var/lib/lab-alert-webhook"
+# Run on the monitor: every mail (subject and decoded text) and every webhook
+# body the sinks hold, as one JSON object.
+READ_SINKS = r"""
+import email, email.policy, glob, json
+mails = []
+for path in sorted(glob.glob("%s/*")):
+    with open(path, "rb") as f:
+        mail = email.message_from_binary_file(f, policy=email.policy.default)
+    mails.append({"subject": str(mail["Subject"]), "text": mail.get_body(("plain",)).get_content()})
+hooks = []
+for path in sorted(glob.glob("%s/*.json")):
+    with open(path) as f:
+        hooks.append(json.load(f))
+print(json.dumps({"mails": mails, "hooks": hooks}))
+""" % (MAIL_DIR, HOOK_DIR)
+
+
+def sinks(lab):
+    """What the lab's alert sinks on the monitor hold (role lab_alert_sink):
+    {"mails": [{"subject", "text"}], "hooks": [webhook bodies]}."""
+    done = subprocess.run(
+        ["docker", "exec", lab.container("monitor"), "python3", "-c", READ_SINKS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
 
 
 # The controller's secrets site.yml keeps for the lab (roles/longhaul_pki).

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 import pytest
 from dashboard_queries import Dashboard
-from labkit import INFLUX_MIN_S, REPO, SCRAPE_S, wait_until
+from labkit import INFLUX_MIN_S, REPO, SCRAPE_S, sinks, wait_until
 
 STREAMS = 8
 # The steady transfer: paced well below the lab's 200 Mb/s bottleneck.
@@ -59,24 +59,6 @@ def annotation_step_s():
     return int(step.rstrip("s"))
 
 
-MAIL_DIR = "/var/lib/lab-alert-mail/maildir/new"
-HOOK_DIR = "/var/lib/lab-alert-webhook"
-# Run on the monitor: every mail (subject and decoded text) and every webhook
-# body the sinks hold, as one JSON object.
-READ_SINKS = r"""
-import email, email.policy, glob, json
-mails = []
-for path in sorted(glob.glob("%s/*")):
-    with open(path, "rb") as f:
-        mail = email.message_from_binary_file(f, policy=email.policy.default)
-    mails.append({"subject": str(mail["Subject"]), "text": mail.get_body(("plain",)).get_content()})
-hooks = []
-for path in sorted(glob.glob("%s/*.json")):
-    with open(path) as f:
-        hooks.append(json.load(f))
-print(json.dumps({"mails": mails, "hooks": hooks}))
-""" % (MAIL_DIR, HOOK_DIR)
-
 ENGINE_SESSIONS = (
     "import urllib.request; "
     "print(urllib.request.urlopen('http://127.0.0.1:7401/v1/sessions', timeout=5).read().decode())"
@@ -90,17 +72,6 @@ def bytes_per_second(text):
     match = re.fullmatch(r"([0-9.]+)([kMGT]?)B/s", text.strip())
     assert match, "not a humanized rate: %r" % text
     return float(match.group(1)) * SI[match.group(2)]
-
-
-def sinks(lab):
-    done = subprocess.run(
-        ["docker", "exec", lab.container("monitor"), "python3", "-c", READ_SINKS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout)
 
 
 def hook_alerts(found, session, status):

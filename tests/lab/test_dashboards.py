@@ -181,8 +181,8 @@ def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
     with the provisioned reader's password."""
     lab = provisioned
     text = lab.sh("monitor", "cat /etc/grafana/provisioning/datasources/longhaul.yml").stdout
-    sources = {d["type"]: d for d in yaml.safe_load(text)["datasources"]}
-    assert {"prometheus", "influxdb"} <= set(sources), sources.keys()
+    sources = {d["uid"]: d for d in yaml.safe_load(text)["datasources"]}
+    assert set(sources) == {"prometheus", "central", "influxdb-routers"}, sources.keys()
     # As Grafana asks: only the CA of tlsCACert (tlsAuthWithCACert) is trusted, the
     # certificate must hold jsonData.serverName when set, basic auth when basicAuth is
     # set. The request (passwords, CA) goes by stdin, never on a command line.
@@ -245,7 +245,23 @@ def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
         timeout=60,
     )
     assert wrong.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in wrong.stderr, wrong.stderr[-1000:]
-    influx = sources["influxdb"]
+    # The central store (a second Prometheus-API source, the first replica of the
+    # central store, checked for its inventory name, read as admin): the sites' data.
+    central = sources["central"]
+    assert central["type"] == "prometheus" and central["isDefault"] is False, central
+    assert central["url"] == lab.central_url, central["url"]
+    assert central["jsonData"]["serverName"] == "central", central["jsonData"]
+    out = ask(
+        {
+            "url": central["url"] + "/api/v1/query?" + urllib.parse.urlencode({"query": 'up{site!=""}'}),
+            "user": central["basicAuthUser"],
+            "password": central["secureJsonData"]["basicAuthPassword"],
+            "ca": central["secureJsonData"]["tlsCACert"],
+            "server_name": central["jsonData"]["serverName"],
+        }
+    )
+    assert {r["metric"]["site"] for r in json.loads(out)["data"]["result"]} >= {"a", "b"}, out
+    influx = sources["influxdb-routers"]
     # InfluxDB over https on the monitor's lab address, with the CA's text
     assert influx["url"].startswith("https://"), influx["url"]
     assert influx["jsonData"]["tlsAuthWithCACert"] is True, influx["jsonData"]
@@ -259,9 +275,10 @@ def test_the_provisioned_datasources_reach_the_lab_s_servers(provisioned):
         }
     )
     assert "interface" in out, out
-    # The dashboards' data source variables find these by type; the role's uids are
-    # the ones its README names for a Grafana that has several of a type.
-    assert prometheus["uid"] == "prometheus" and influx["uid"] == "influxdb-routers", sources
+    # The dashboards' data source variables find these by type, the site's Prometheus
+    # first (the default); the role's uids are the ones its README names.
+    assert prometheus["isDefault"] is True and prometheus["type"] == "prometheus", prometheus
+    assert influx["type"] == "influxdb", influx
 
 
 # --- the live view in Chromium ------------------------------------------------------

@@ -112,7 +112,7 @@ def test_site_yml_provisions_the_fresh_lab(lab):
     first = lab.provision[0]
     print("first site.yml run: %.0f s" % first.seconds)
     assert first.rc == 0, "site.yml failed on the fresh lab:\n%s" % first.tail()
-    assert set(first.recap) >= {"xfer-a", "xfer-b", "router", "monitor", "central"}, first.recap
+    assert set(first.recap) >= {"xfer-a", "xfer-b", "router", "monitor", "central", "central2"}, first.recap
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values())
 
 

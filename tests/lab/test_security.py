@@ -7,8 +7,9 @@ Prometheus output among them), both Prometheus servers, Alertmanager and
 InfluxDB answer 401 over TLS, with or without a wrong password, and plain HTTP
 gets nothing; with the password the controller
 generated, the same request is answered, so the 401 is the password's doing.
-A forged remote write to the central Prometheus is refused and none of its
-samples appears there, while the same write with the sites' credentials lands;
+A forged remote write to the central store (a replica's nginx in front of
+VictoriaMetrics) is refused and none of its samples appears there, while the same
+write with the sites' credentials lands; the sites' credentials cannot read it;
 an anonymous silence is refused and no silence exists afterwards. Prometheus
 scrapes every exporter over https, verifying the certificate against the CA.
 The exporters export the expiry of the host's certificate.
@@ -200,7 +201,7 @@ def test_prometheus_and_alertmanager_answer_their_users_only(provisioned):
     admin = (SECRETS / "credentials" / "admin").read_text().strip()
     for url, body in (
         (lab.prometheus_url + "/api/v1/query?query=up", '"resultType"'),
-        (lab.central_url + "/api/v1/query?query=up", '"resultType"'),
+        *((url + "/api/v1/query?query=up", '"resultType"') for url in lab.central_urls),
         (lab.prometheus_url + "/federate?match[]=up", "up{"),
         (lab.alertmanager_url + "/api/v2/silences", "["),
         (lab.alertmanager_url + "/api/v2/status", '"cluster"'),
@@ -262,6 +263,8 @@ def test_a_forged_remote_write_is_refused_and_leaves_no_sample(provisioned):
         "anonymous": {},
         "wrong-password": {"user": "prometheus", "password": "not-the-password"},
         "plain-http": {"url": url.replace("https://", "http://", 1)},
+        # a reader (people, Grafana) may read the central view, not write to it
+        "reader": {"user": "admin", "password": (SECRETS / "credentials" / "admin").read_text().strip()},
         "site": {"user": "prometheus", "password": scrape},
     }
     requests = []
@@ -274,12 +277,13 @@ def test_a_forged_remote_write_is_refused_and_leaves_no_sample(provisioned):
     assert answers["anonymous"]["status"] == 401, answers["anonymous"]
     assert answers["wrong-password"]["status"] == 401, answers["wrong-password"]
     assert answers["plain-http"]["status"] != 204, answers["plain-http"]
+    assert answers["reader"]["status"] == 401, answers["reader"]
     # The same write with the sites' credentials lands: the payload is a real one.
     assert answers["site"]["status"] == 204, answers["site"]
     found = wait_until(
         lambda: lab.promql("longhaul_forged_throughput", url=lab.central_url),
         30,
-        "the credentialed write's sample at the central Prometheus",
+        "the credentialed write's sample at the central store",
     )
     assert {s["metric"]["attempt"] for s in found} == {"site"}, found
     time.sleep(5)
@@ -288,6 +292,10 @@ def test_a_forged_remote_write_is_refused_and_leaves_no_sample(provisioned):
         for s in lab.promql("last_over_time(longhaul_forged_throughput[10m])", url=lab.central_url)
     }
     assert attempts_seen == {"site"}, attempts_seen
+    # ... and a writer may not read it.
+    query = lab.central_url + "/api/v1/query?query=up"
+    [read] = probe(lab, "router", [{"url": query, "user": "prometheus", "password": scrape}])
+    assert read["status"] == 401, read
 
 
 def test_an_anonymous_silence_is_refused_and_none_exists(provisioned):
@@ -327,12 +335,9 @@ def test_each_prometheus_reaches_itself_and_alertmanager_over_tls(provisioned):
     # password would leave these jobs down and the alerts undelivered, with no alert of
     # its own to say so.
     lab = provisioned
-    # The central one holds the sites' series too (remote write): each is asked about
-    # its own targets, by their instance.
-    for url, instance, jobs in (
-        (lab.prometheus_url, "monitor", ("prometheus", "alertmanager")),
-        (lab.central_url, "central", ("prometheus",)),
-    ):
+    # (The central store's vmalert reaches Alertmanager too: test_many_sites sees its
+    # alert delivered.)
+    for url, instance, jobs in ((lab.prometheus_url, "monitor", ("prometheus", "alertmanager")),):
         def own(job):
             targets = lab.get_json(url + "/api/v1/targets")["data"]["activeTargets"]
             return [t for t in targets if t["labels"]["job"] == job]
