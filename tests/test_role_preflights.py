@@ -5,9 +5,12 @@ systemd, and so Ansible, called the service started. The preflights run
 here for real, on localhost, as the roles run them.
 """
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import run_local_playbook
 
 REPO = Path(__file__).resolve().parent.parent
@@ -526,3 +529,67 @@ def test_the_live_view_role_takes_what_site_yml_gives_it(tmp_path):
         live_view_prometheus_server_name="localhost",
     )
     assert passed, output[-3000:]
+
+
+SITE_CENTRAL_CHECK = "Check that every monitoring host writes to every replica of the central store"
+
+
+def site_central_check(tmp_path, monitoring, central):
+    """site.yml's preflight task that wants every site's Prometheus to write to
+    every replica of the central store, run (on this machine) for each of those
+    monitoring hosts (name -> host variables) of an inventory with those central
+    hosts (name -> address), with site.yml's group_vars/all."""
+    site = yaml.safe_load((REPO / "ansible" / "site.yml").read_text())
+    [task] = [t for t in site[0]["tasks"] if t.get("name") == SITE_CENTRAL_CHECK]
+    (tmp_path / "tasks").mkdir()
+    shutil.copy(REPO / "ansible" / "tasks" / "central-urls.json.j2", tmp_path / "tasks")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": yaml.safe_load(
+                        (REPO / "ansible" / "group_vars" / "all" / "monitoring_tls.yml").read_text()
+                    ),
+                    "children": {
+                        "monitoring": {
+                            "hosts": {name: {**vars_, "ansible_connection": "local"} for name, vars_ in monitoring.items()}
+                        },
+                        "central_monitoring": {
+                            "hosts": {name: {"ansible_host": ip} for name, ip in central.items()}
+                        },
+                    },
+                }
+            }
+        )
+    )
+    playbook = tmp_path / "playbook.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "monitoring", "gather_facts": False, "tasks": [task]}]))
+    return subprocess.run(
+        ["ansible-playbook", "--inventory", str(inventory), str(playbook)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_site_yml_has_every_site_write_to_every_replica(tmp_path):
+    # site.yml's own list: each replica, one queue each.
+    done = site_central_check(tmp_path, {"mon-a": {}, "mon-b": {}}, {"c1": "192.0.2.1", "c2": "192.0.2.2"})
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_site_yml_refuses_a_site_that_writes_to_the_old_central_prometheus_only(tmp_path):
+    # An inventory of before the replicated store: its own list, the central Prometheus.
+    old = {"prometheus_remote_write": [{"url": "https://192.0.2.1:9090/api/v1/write"}]}
+    done = site_central_check(tmp_path, {"mon-a": {}, "mon-b": old}, {"c1": "192.0.2.1", "c2": "192.0.2.2"})
+    assert done.returncode != 0
+    assert "Monitoring host mon-b remote-writes to ['https://192.0.2.1:9090/api/v1/write']" in done.stdout, done.stdout[-3000:]
+    assert "https://192.0.2.2:8427/api/v1/write" in done.stdout
+    # site.yml's own list passes for the other host
+    assert "Monitoring host mon-a" not in done.stdout and "ok: [mon-a]" in done.stdout, done.stdout[-3000:]
+
+
+def test_site_yml_without_central_hosts_wants_no_remote_write(tmp_path):
+    done = site_central_check(tmp_path, {"mon-a": {}}, {})
+    assert done.returncode == 0, done.stdout[-3000:]

@@ -19,6 +19,7 @@ and login, works), and once the way is back the central view has no hole: again 
 exact samples of the monitor.
 """
 
+import calendar
 import json
 import math
 import subprocess
@@ -171,7 +172,7 @@ def site_not_seen_deliveries(lab, since):
             started = alert.get("startsAt", "")
             if (
                 started
-                and time.mktime(time.strptime(started[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone >= since
+                and calendar.timegm(time.strptime(started[:19], "%Y-%m-%dT%H:%M:%S")) >= since
             ):
                 found.add(alert["labels"].get("site"))
     return found
