@@ -10,7 +10,8 @@
 #   make test-integration  tests/ on loopback with the built binaries (needs make build)
 #   make test-roles        Molecule: every role's default scenario
 #   make test-lab          the lab end to end (needs make build; LAB_ID picks a lab)
-#   make bench             benchmarks: memory (vs iperf3 and a baseline engine), disk, exporter, live view
+#   make bench             benchmarks: memory (vs iperf3 and a baseline engine), disk, exporter, live view,
+#                          central store (VictoriaMetrics vs Prometheus)
 #   make demo              the product end to end on this machine; make demo-down undoes it
 #   make demo-down         remove the demo's lab (keeps results/)
 #   make clean             remove cargo's target directory, dist/ and results/
@@ -79,7 +80,7 @@ test-lab:
 # bench-memory builds the baseline engine (BENCH_BASELINE, a git revision) once into
 # $(LONGHAUL_CACHE)/bench-baseline/ and ends with issue 16's targets, PASS/FAIL each.
 bench: build
-	@for b in memory disk exporter live-view; do $(STAGE) bench-$$b scripts/bench-$$b; done
+	@for b in memory disk exporter live-view store; do $(STAGE) bench-$$b scripts/bench-$$b; done
 
 demo: setup build
 	@$(STAGE) demo scripts/demo

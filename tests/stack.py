@@ -108,7 +108,7 @@ class Stack:
         self.processes.wait_port(process, self.stats_port)
         return binary
 
-    def start_exporter(self, dist):
+    def start_exporter(self, dist, *extra):
         binary = require(str(Path(dist) / "longhaul-exporter"), "longhaul-exporter")
         port = helpers.free_port()
         process = self.processes.start(
@@ -121,6 +121,7 @@ class Stack:
                 "http://%s:%d" % (helpers.LOOPBACK, self.stats_port),
                 "--collector.tcp.ports",
                 ",".join(str(p) for p in (self.engine_port, self.other_tool_port) if p),
+                *extra,
             ],
         )
         self.processes.wait_port(process, port)

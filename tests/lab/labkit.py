@@ -326,10 +326,10 @@ class Lab:
 
     # --- monitoring APIs (the same shapes as tests/stack.py's Stack) ---------------
     @staticmethod
-    def get_json(url, params=None, auth=None, data=None, method=None):
-        """A JSON answer; auth=(user, password) for HTTP basic authentication, by
-        default the admin user's for an https URL (the lab's Prometheus and
-        Alertmanager), whose certificate is checked against the lab's CA. `data`
+    def get_text(url, params=None, auth=None, data=None, method=None, timeout=HTTP_TIMEOUT_S):
+        """An answer's body; auth=(user, password) for HTTP basic authentication, by
+        default the admin user's for an https URL (the lab's Prometheus, Alertmanager
+        and central store), whose certificate is checked against the lab's CA. `data`
         (JSON) is sent with the request."""
         if params:
             url += "?" + urllib.parse.urlencode(params)
@@ -341,9 +341,14 @@ class Lab:
             auth = admin()
         if auth:
             request.add_header("Authorization", basic_auth(*auth))
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=tls_context()) as answer:
-            raw = answer.read()
-            return json.loads(raw) if raw else None
+        with urllib.request.urlopen(request, timeout=timeout, context=tls_context()) as answer:
+            return answer.read().decode()
+
+    @staticmethod
+    def get_json(url, params=None, auth=None, data=None, method=None):
+        """A JSON answer, asked as get_text asks."""
+        raw = Lab.get_text(url, params, auth, data, method)
+        return json.loads(raw) if raw else None
 
     def promql(self, expr, at=None, url=None):
         """Instant query of the monitor's Prometheus (or the one at `url`)."""

@@ -24,11 +24,9 @@ import json
 import math
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
-from labkit import HTTP_TIMEOUT_S, admin, basic_auth, sinks, tls_context, wait_until
+from labkit import HTTP_TIMEOUT_S, sinks, wait_until
 
 # A short transfer each way, so both sites' engines report a session.
 SECONDS = 4
@@ -84,17 +82,12 @@ def monitor_samples(lab, start, end):
     return out
 
 
-def replica_samples(url, start, end):
+def replica_samples(lab, url, start, end):
     """The same series from a replica's export API (raw samples), cut to (start, end]."""
     out = {}
     for match in ('{job="longhaul"}', '{__name__="up"}'):
-        query = urllib.parse.urlencode(
-            {"match[]": match, "start": "%.3f" % (start - 1), "end": "%.3f" % (end + 1)}
-        )
-        request = urllib.request.Request("%s/api/v1/export?%s" % (url, query))
-        request.add_header("Authorization", basic_auth(*admin()))
-        with urllib.request.urlopen(request, timeout=6 * HTTP_TIMEOUT_S, context=tls_context()) as answer:
-            lines = answer.read().decode().splitlines()
+        params = {"match[]": match, "start": "%.3f" % (start - 1), "end": "%.3f" % (end + 1)}
+        lines = lab.get_text(url + "/api/v1/export", params, timeout=6 * HTTP_TIMEOUT_S).splitlines()
         for line in lines:
             series = json.loads(line)
             out.setdefault(key(series["metric"]), []).extend(
@@ -126,7 +119,7 @@ def assert_same_samples(lab, start, end, what):
     assert sum(len(v) for v in site.values()) > 0, "the monitor holds nothing over the window"
     counts = {"monitor": sum(len(v) for v in site.values())}
     for url in lab.central_urls:
-        central = replica_samples(url, start, end)
+        central = replica_samples(lab, url, start, end)
         counts[url] = sum(len(v) for v in central.values())
         differ = differences(site, central)
         assert not differ, "%s, %s: %d series differ (missing, extra, other values): %s" % (

@@ -12,7 +12,9 @@ VictoriaMetrics) is refused and none of its samples appears there, while the sam
 write with the sites' credentials lands; the sites' credentials cannot read it;
 an anonymous silence is refused and no silence exists afterwards. Prometheus
 scrapes every exporter over https, verifying the certificate against the CA.
-The exporters export the expiry of the host's certificate.
+The exporters export the expiry of the host's certificate: on the transfer hosts
+(job longhaul) and on every other host (job certificates: the monitoring and
+central hosts, whose servers are the plane's).
 """
 
 import base64
@@ -66,10 +68,15 @@ def probe(lab, host, requests):
     return json.loads(done.stdout)
 
 
+# The lab's hosts without a transfer engine: longhaul-exporter there watches the
+# certificates only (job certificates).
+OTHER_HOSTS = ("router", "monitor", "central", "central2")
+
+
 def exporters(lab):
     """(inventory name, address, port) of every exporter Prometheus scrapes:
     node_exporter, longhaul-exporter, and Telegraf's Prometheus output."""
-    found = [(name, lab.address[name], 9100) for name in ("router", "monitor")]
+    found = [(name, lab.address[name], port) for name in OTHER_HOSTS for port in (9100, 9743)]
     found.append(("monitor", lab.address["monitor"], TELEGRAF_PORT))
     for host in sorted(transfer_hosts()):
         found += [(host, lab.address[host], 9100), (host, lab.address[host], 9743)]
@@ -138,14 +145,23 @@ def test_prometheus_scrapes_every_exporter_over_verified_tls(provisioned):
 def test_the_hosts_certificates_expire_in_a_year_and_are_watched(provisioned):
     lab = provisioned
     now = time.time()
-    for host in sorted(transfer_hosts()):
+    watched = [(host, "longhaul") for host in sorted(transfer_hosts())]
+    watched += [(host, "certificates") for host in OTHER_HOSTS]
+    for host, job in watched:
         result = lab.promql(
-            'longhaul_certificate_not_after_timestamp_seconds{instance="%s", file="%s", position="0"}'
-            % (host, HOST_CERT)
+            'longhaul_certificate_not_after_timestamp_seconds{job="%s", instance="%s", file="%s", position="0"}'
+            % (job, host, HOST_CERT)
         )
         assert len(result) == 1, "%s: %s" % (host, result)
         days = (float(result[0]["value"][1]) - now) / 86400
         assert 363 < days <= 365, "%s: the certificate ends in %.1f days" % (host, days)
+    # The other hosts' exporters run their certificates collector only (no engine,
+    # TCP or RAID collector), and it succeeds.
+    ran = lab.promql('longhaul_exporter_collector_success{job="certificates"}')
+    by_host = {}
+    for series in ran:
+        by_host.setdefault(series["metric"]["instance"], {})[series["metric"]["collector"]] = series["value"][1]
+    assert by_host == {host: {"certificates": "1"} for host in OTHER_HOSTS}, by_host
     assert lab.alerts("LonghaulCertificateExpiresSoon") == []
 
 
