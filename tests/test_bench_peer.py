@@ -38,10 +38,10 @@ def test_the_readme_names_the_peer_of_every_benchmark_row():
     assert len(rows) >= 5, rows
     for row in rows:
         peer = row.split("|")[3]
-        # A tool and its version (iperf3 3.12, fio 3.33), an engine or exporter of
-        # ours at a commit, the WAN's bottleneck or the targets.
+        # A tool and its version (iperf3 3.12, fio 3.33, Prometheus 2.42), an engine
+        # or exporter of ours at a commit, the WAN's bottleneck or the targets.
         assert re.search(
-            r"(iperf3|fio) 3\.\d+|longhaul(-exporter)? [0-9a-f]{7}|bottleneck|target", peer
+            r"(iperf3|fio) 3\.\d+|Prometheus \d+\.\d+|longhaul(-exporter)? [0-9a-f]{7}|bottleneck|target", peer
         ), row
         # Every iperf3 and every engine named, with how it runs its streams.
         for name in re.findall(r"iperf3 3\.\d+|longhaul [0-9a-f]{7}", peer):
