@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,8 @@ pub fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> Response {
 pub enum Behaviour {
     /// 200 with this body.
     Body(String),
+    /// 200 with this body, after this long (the engine busy answering).
+    Slow(String, Duration),
     /// These raw bytes, then close.
     Raw(Vec<u8>),
     /// Accept, read, never answer (until the fake is dropped).
@@ -160,6 +162,7 @@ pub enum Behaviour {
 pub struct FakeEngine {
     pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    requests: Arc<AtomicUsize>,
 }
 
 impl FakeEngine {
@@ -169,6 +172,8 @@ impl FakeEngine {
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
+        let requests = Arc::new(AtomicUsize::new(0));
+        let requests2 = Arc::clone(&requests);
         std::thread::spawn(move || {
             let mut held = Vec::new();
             while !stop2.load(Ordering::SeqCst) {
@@ -179,6 +184,7 @@ impl FakeEngine {
                             .unwrap();
                         let mut buf = [0u8; 4096];
                         let _ = s.read(&mut buf);
+                        requests2.fetch_add(1, Ordering::SeqCst);
                         match &behaviour {
                             Behaviour::Body(b) => {
                                 let _ = write!(
@@ -186,6 +192,17 @@ impl FakeEngine {
                                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
                                     b.len()
                                 );
+                            }
+                            Behaviour::Slow(b, delay) => {
+                                let (b, delay) = (b.clone(), *delay);
+                                std::thread::spawn(move || {
+                                    std::thread::sleep(delay);
+                                    let _ = write!(
+                                        s,
+                                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                                        b.len()
+                                    );
+                                });
                             }
                             Behaviour::Raw(r) => {
                                 let _ = s.write_all(r);
@@ -225,7 +242,16 @@ impl FakeEngine {
                 }
             }
         });
-        FakeEngine { addr, stop }
+        FakeEngine {
+            addr,
+            stop,
+            requests,
+        }
+    }
+
+    /// Requests the fake has been sent so far.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {

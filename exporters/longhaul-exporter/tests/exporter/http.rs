@@ -48,6 +48,43 @@ fn scrapes_beyond_the_limit_get_503() {
 }
 
 #[test]
+fn concurrent_scrapes_share_one_stats_api_request() {
+    // The engine takes 500 ms to answer: the scrapes that arrive meanwhile
+    // wait for that collection instead of asking the engine again (the
+    // engine and tcp collectors read the one answer).
+    let body = std::fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
+    let engine = FakeEngine::start(Behaviour::Slow(body, Duration::from_millis(500)));
+    let exp = Exporter::start(&[
+        engine.url(),
+        "--no-collector.raid".into(),
+        "--web.max-requests=32".into(),
+    ]);
+    let before = engine.requests();
+    let addr = exp.addr;
+    let scrapes: Vec<_> = (0..16)
+        .map(|_| std::thread::spawn(move || get(addr, "/metrics", None)))
+        .collect();
+    for scrape in scrapes {
+        let answer = scrape.join().unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let got = samples(&answer.body);
+        assert!(
+            got.keys().any(|k| k.starts_with("longhaul_session_info{")),
+            "a scrape without the engine's sessions:\n{}",
+            answer.body
+        );
+        assert_eq!(
+            got.get("longhaul_exporter_collector_success{collector=\"tcp\"}"),
+            Some(&1.0)
+        );
+    }
+    assert_eq!(engine.requests() - before, 1, "16 scrapes at once");
+    // A collection is not kept past its end: the next scrape asks again.
+    exp.scrape();
+    assert_eq!(engine.requests() - before, 2, "one more scrape");
+}
+
+#[test]
 fn sigterm_shuts_down_cleanly() {
     let mut exp = Exporter::start(&["--no-collector.engine"]);
     exp.scrape();

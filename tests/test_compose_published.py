@@ -1,0 +1,271 @@
+"""docker-compose.yml published beyond loopback (issue 41), for real.
+
+On 127.0.0.1 the stack speaks plain HTTP without logins (its other tests,
+tests/lab/test_compose.py). Published on another address
+(LONGHAUL_PUBLISH_ADDRESS), lab/compose/render.yml gives every published
+port TLS and a login through the roles' own settings (lab/compose/tls.yml).
+Here the stack comes up on an address of an interface this test makes,
+with the images built here, and from outside its containers:
+- plain HTTP to each port gets no data;
+- over TLS (the certificate checked against the stack's CA, for that
+  address) every port but InfluxDB's /ping answers 401 without a login or
+  with a wrong password, and works with the admin login;
+- an anonymous silence is refused and no silence exists afterwards;
+- inside, over TLS: Prometheus scrapes itself and Alertmanager (every
+  target up), Telegraf writes to InfluxDB, the live view reads Prometheus;
+- a second render issues no new certificate and keeps the hashes;
+- a configuration rendered for loopback does not start on another address.
+"""
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+import helpers
+from helpers import REPO
+
+UP_TIMEOUT_S = 900
+SERVICES = {
+    "prometheus": "LONGHAUL_PROMETHEUS_PORT",
+    "alertmanager": "LONGHAUL_ALERTMANAGER_PORT",
+    "influxdb": "LONGHAUL_INFLUXDB_PORT",
+    "live-view": "LONGHAUL_LIVE_VIEW_PORT",
+}
+# Where each service shows what it holds, to a login.
+DATA_PATHS = {
+    "prometheus": "/api/v1/query?query=up",
+    "alertmanager": "/api/v2/status",
+    "influxdb": "/query?q=SHOW+DATABASES",
+    "live-view": "/dashboards/index.json",
+}
+
+
+def need_docker():
+    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        helpers.cannot_run("the compose stack needs a Docker engine that answers (make setup starts dockerd)")
+    if subprocess.run(["ip", "link", "show"], capture_output=True).returncode != 0:
+        helpers.cannot_run("the published address is made on an interface of its own: needs ip(8) and root")
+
+
+class Address:
+    """An address of this machine that is not loopback's, on an interface
+    made for the test (and removed after it)."""
+
+    def __init__(self):
+        n = os.getpid() % 250
+        self.link = "lhpub%d" % n
+        self.ip = "10.213.%d.1" % n
+
+    def __enter__(self):
+        subprocess.run(["ip", "link", "del", self.link], capture_output=True)
+        for cmd in (
+            # this kernel has no dummy links; one end of a veth pair holds the address
+            ["ip", "link", "add", self.link, "type", "veth", "peer", "name", self.link + "p"],
+            ["ip", "addr", "add", self.ip + "/32", "dev", self.link],
+            ["ip", "link", "set", self.link, "up"],
+            ["ip", "link", "set", self.link + "p", "up"],
+        ):
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                subprocess.run(["ip", "link", "del", self.link], capture_output=True)
+                helpers.cannot_run("%s: %s" % (" ".join(cmd), done.stderr.strip()))
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run(["ip", "link", "del", self.link], capture_output=True)
+
+
+def stack_env(address, generated):
+    env = dict(os.environ)
+    env.update({name: str(helpers.free_port()) for name in SERVICES.values()})
+    env["LONGHAUL_PUBLISH_ADDRESS"] = address
+    env["LONGHAUL_COMPOSE_GENERATED"] = str(generated)
+    env.setdefault("LONGHAUL_DIST", str(helpers.dist_dir()))
+    return env
+
+
+def compose(env, project, *args, timeout=UP_TIMEOUT_S):
+    return subprocess.run(
+        ["docker", "compose", "--project-directory", str(REPO), "-p", project, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def render(env):
+    venv_bin = os.path.join(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul"), "venv", "bin")
+    env = {**env, "PATH": "%s:%s" % (venv_bin, env.get("PATH", "")), "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg")}
+    done = subprocess.run(
+        ["ansible-playbook", str(REPO / "lab" / "compose" / "render.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    need_docker()
+    with Address() as address:
+        generated = tmp_path_factory.mktemp("generated")
+        env = stack_env(address.ip, generated)
+        project = "longhaul-published-%d" % os.getpid()
+        try:
+            done = subprocess.run(
+                [str(REPO / "lab" / "compose" / "up"), "-p", project],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=UP_TIMEOUT_S,
+            )
+            assert done.returncode == 0, "lab/compose/up failed:\n%s%s" % (done.stdout[-3000:], done.stderr[-3000:])
+            yield {"ip": address.ip, "env": env, "generated": generated, "project": project}
+        finally:
+            subprocess.run([str(REPO / "lab" / "compose" / "down"), "-p", project], capture_output=True, env=env, timeout=300)
+
+
+def context(stack):
+    """Checks the stack's certificate against its CA, for the published address."""
+    return ssl.create_default_context(cafile=str(stack["generated"] / "tls" / "ca.crt"))
+
+
+def secret(stack, name):
+    return (stack["generated"] / "secrets" / name).read_text().strip()
+
+
+def admin(stack):
+    return ("admin", secret(stack, "pki/credentials/admin"))
+
+
+def request(stack, service, path, login=None, scheme="https", method="GET", body=None):
+    """(status, body) of one request to `service`'s published port."""
+    url = "%s://%s:%s%s" % (scheme, stack["ip"], stack["env"][SERVICES[service]], path)
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    if login:
+        req.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % login).encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=20, context=context(stack) if scheme == "https" else None) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def login_for(stack, service):
+    if service == "influxdb":
+        return ("admin", secret(stack, "influxdb-admin-password"))
+    return admin(stack)
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_plain_http_gets_no_data(published, service):
+    """Each TLS port answers a plain request 400, with no data."""
+    status, body = request(published, service, DATA_PATHS[service], scheme="http")
+    assert status == 400, (service, status, body[:300])
+    assert b"success" not in body and b"results" not in body and b"dashboards" not in body, body[:300]
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_each_port_asks_for_a_login_over_tls(published, service):
+    status, body = request(published, service, DATA_PATHS[service])
+    assert status == 401, (service, status, body[:300])
+    user, password = login_for(published, service)
+    status, body = request(published, service, DATA_PATHS[service], (user, password + "x"))
+    assert status == 401, (service, "wrong password", status, body[:300])
+    status, body = request(published, service, DATA_PATHS[service], (user, password))
+    assert status == 200, (service, status, body[:300])
+
+
+def test_an_anonymous_silence_is_refused_and_none_exists(published):
+    silence = {
+        "matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
+        "startsAt": "2026-01-01T00:00:00Z",
+        "endsAt": "2099-01-01T00:00:00Z",
+        "createdBy": "a stranger",
+        "comment": "blind them",
+    }
+    status, body = request(published, "alertmanager", "/api/v2/silences", method="POST", body=json.dumps(silence).encode())
+    assert status == 401, (status, body[:300])
+    status, body = request(published, "alertmanager", "/api/v2/silences", admin(published))
+    assert status == 200 and json.loads(body) == [], body[:500]
+
+
+def test_inside_the_stack_everything_speaks_tls(published):
+    """Prometheus scrapes itself and Alertmanager over TLS with its login (all
+    targets up), reaches Alertmanager to send alerts; Telegraf writes to
+    InfluxDB over TLS; the live view reads Prometheus over TLS."""
+    login = admin(published)
+
+    def targets():
+        status, body = request(published, "prometheus", "/api/v1/targets", login)
+        active = json.loads(body)["data"]["activeTargets"] if status == 200 else []
+        return {t["labels"]["job"]: (t["scrapeUrl"], t["health"], t["lastError"]) for t in active}
+
+    helpers.wait_until(
+        lambda: (lambda t: t and all(h == "up" for _, h, _ in t.values()))(targets()),
+        120,
+        "every target of the published stack up",
+    )
+    seen = targets()
+    assert {"prometheus", "alertmanager"} <= set(seen), seen
+    assert seen["prometheus"][0].startswith("https://") and seen["alertmanager"][0].startswith("https://"), seen
+
+    status, body = request(published, "prometheus", "/api/v1/alertmanagers", login)
+    active = json.loads(body)["data"]["activeAlertmanagers"]
+    assert [a["url"][:8] for a in active] == ["https://"], active
+
+    reader = ("grafana", secret(published, "influxdb-grafana-password"))
+
+    def measurements():
+        q = urllib.parse.urlencode({"q": "SHOW MEASUREMENTS", "db": "routers"})
+        status, body = request(published, "influxdb", "/query?" + q, reader)
+        series = json.loads(body)["results"][0].get("series", []) if status == 200 else []
+        return {row[0] for s in series for row in s["values"]}
+
+    helpers.wait_until(lambda: "cpu" in measurements(), 120, "Telegraf's cpu series in InfluxDB over TLS")
+
+    status, body = request(published, "live-view", "/prometheus/api/v1/query?query=up", login)
+    assert status == 200 and json.loads(body)["status"] == "success", (status, body[:300])
+    status, body = request(published, "live-view", "/prometheus/api/v1/query?query=up")
+    assert status == 401, (status, body[:300])
+
+
+def test_a_second_render_issues_nothing_new(published):
+    generated = published["generated"]
+    files = ["tls/stack.crt", "tls/stack.key", "tls/ca.crt", "secrets/admin.bcrypt", "secrets/scrape.bcrypt", "live-view/htpasswd"]
+    before = {name: (generated / name).read_bytes() for name in files}
+    render(published["env"])
+    after = {name: (generated / name).read_bytes() for name in files}
+    assert [name for name in files if before[name] != after[name]] == []
+
+
+def test_a_loopback_configuration_does_not_start_elsewhere(published, tmp_path):
+    """Rendered for 127.0.0.1 (plain, no logins), then `docker compose up`
+    by hand with the other address: refused, naming both, nothing listens."""
+    loopback = stack_env("127.0.0.1", tmp_path / "generated")
+    render(loopback)
+    project = published["project"] + "-misused"
+    env = {**loopback, "LONGHAUL_PUBLISH_ADDRESS": published["ip"]}
+    try:
+        done = compose(env, project, "up", "-d", "--wait", "prometheus", "alertmanager", "influxdb")
+        assert done.returncode != 0, done.stdout + done.stderr
+        logs = compose(env, project, "logs", "publish-check", timeout=60).stdout
+        assert "rendered for 127.0.0.1 but LONGHAUL_PUBLISH_ADDRESS is %s" % published["ip"] in logs.replace("\n", " "), logs
+        for service in ("prometheus", "alertmanager", "influxdb"):
+            assert not helpers.port_open(int(env[SERVICES[service]]), host=published["ip"]), service
+    finally:
+        compose(env, project, "down", "-v", timeout=300)
