@@ -8,6 +8,7 @@ into fixtures.
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -104,6 +105,27 @@ def http_post(url, params=None, timeout=10.0):
 
 def get_json(url, params=None, timeout=10.0):
     return json.loads(http_get(url, params, timeout))
+
+
+# One sample line of Prometheus's text format: name, {labels}, value, and a
+# timestamp that may follow.
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?[0-9]+)?$")
+LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_exposition(text):
+    """[(name, {label: value as written}, value)] of a /metrics answer in
+    Prometheus's text format; a line that is neither a comment nor a sample
+    is an error naming it."""
+    samples = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = SAMPLE_LINE.match(line)
+        if not m:
+            raise ValueError("not a sample line of the text format: %r" % line)
+        samples.append((m.group(1), dict(LABEL_PAIR.findall(m.group(2) or "")), float(m.group(3))))
+    return samples
 
 
 class Processes:

@@ -5,7 +5,6 @@ client naming them in its --extra-data) against a real `longhaul serve
 real exporter puts them on longhaul_session_info only."""
 
 import os
-import re
 import subprocess
 
 import pytest
@@ -13,7 +12,6 @@ import pytest
 import helpers
 
 IPERF3 = "/usr/bin/iperf3"
-LABELS = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +48,8 @@ def longhaul(*args):
 
 def scrape(port):
     """[(metric name, {label: value})] of one /metrics answer."""
-    samples = []
-    for line in helpers.http_get("http://127.0.0.1:%d/metrics" % port).splitlines():
-        if line.startswith("#") or "{" not in line:
-            continue
-        name, rest = line.split("{", 1)
-        samples.append((name, dict(LABELS.findall(rest.rsplit("}", 1)[0]))))
-    return samples
+    text = helpers.http_get("http://127.0.0.1:%d/metrics" % port)
+    return [(name, labels) for name, labels, _ in helpers.parse_exposition(text) if labels]
 
 
 def test_a_campaign_s_runs_are_listed_and_exported_with_their_names(engine):

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
+import helpers
+
 REPO = Path(__file__).resolve().parent.parent
 DIST = Path(os.environ.get("LONGHAUL_DIST", REPO / "dist"))
 EXPORTER = DIST / "longhaul-exporter"
 LONGHAUL = DIST / "longhaul"
 
-SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")
-LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def free_port():
@@ -116,15 +116,7 @@ def scrape(addr):
     with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
         assert r.status == 200
         text = r.read().decode()
-    samples = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = SAMPLE_RE.match(line)
-        assert m, f"unparsable sample line {line!r}"
-        labels = dict(LABEL_RE.findall(m.group(3) or ""))
-        samples.append((m.group(1), labels, float(m.group(4))))
-    return samples
+    return helpers.parse_exposition(text)
 
 
 def series(samples, name, **match):
