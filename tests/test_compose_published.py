@@ -18,14 +18,18 @@ with the images built here, and from outside its containers:
 """
 
 import base64
+import http.client
 import json
 import os
+import secrets
 import shutil
 import ssl
 import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
+import threading
+import time
 
 import pytest
 
@@ -57,15 +61,19 @@ def need_docker():
 
 class Address:
     """An address of this machine that is not loopback's, on an interface
-    made for the test (and removed after it)."""
+    made for the test (and removed after it): a name and an address no other
+    link has."""
 
     def __init__(self):
-        n = os.getpid() % 250
-        self.link = "lhpub%d" % n
-        self.ip = "10.213.%d.1" % n
+        while True:
+            tag = secrets.token_hex(3)
+            self.link = "lhpub" + tag
+            self.ip = "10.213.%d.%d" % (secrets.randbelow(250) + 1, secrets.randbelow(250) + 1)
+            taken = subprocess.run(["ip", "-o", "addr", "show", "to", self.ip], capture_output=True, text=True).stdout
+            if not taken.strip() and subprocess.run(["ip", "link", "show", self.link], capture_output=True).returncode != 0:
+                return
 
     def __enter__(self):
-        subprocess.run(["ip", "link", "del", self.link], capture_output=True)
         for cmd in (
             # this kernel has no dummy links; one end of a veth pair holds the address
             ["ip", "link", "add", self.link, "type", "veth", "peer", "name", self.link + "p"],
@@ -102,11 +110,11 @@ def compose(env, project, *args, timeout=UP_TIMEOUT_S):
     )
 
 
-def render(env):
+def render(env, inventory=None):
     venv_bin = os.path.join(os.environ.get("LONGHAUL_CACHE", "/var/cache/longhaul"), "venv", "bin")
     env = {**env, "PATH": "%s:%s" % (venv_bin, env.get("PATH", "")), "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg")}
     done = subprocess.run(
-        ["ansible-playbook", str(REPO / "lab" / "compose" / "render.yml")],
+        ["ansible-playbook", *(["-i", str(inventory)] if inventory else []), str(REPO / "lab" / "compose" / "render.yml")],
         capture_output=True,
         text=True,
         env=env,
@@ -253,19 +261,111 @@ def test_a_second_render_issues_nothing_new(published):
     assert [name for name in files if before[name] != after[name]] == []
 
 
+def no_answer(stack, service, path):
+    """Whether a plain request to `service` gets no HTTP answer (refused,
+    cut, or nothing behind Docker's proxy)."""
+    try:
+        request(stack, service, path, scheme="http")
+    except (OSError, http.client.HTTPException):
+        return True
+    return False
+
+
 def test_a_loopback_configuration_does_not_start_elsewhere(published, tmp_path):
     """Rendered for 127.0.0.1 (plain, no logins), then `docker compose up`
-    by hand with the other address: refused, naming both, nothing listens."""
+    by hand with the other address: every published service refuses to
+    start, naming both addresses, and none answers there; the same with
+    `--no-deps`, which skips any service the others wait for."""
     loopback = stack_env("127.0.0.1", tmp_path / "generated")
     render(loopback)
     project = published["project"] + "-misused"
     env = {**loopback, "LONGHAUL_PUBLISH_ADDRESS": published["ip"]}
+    misused = {**published, "env": env}
     try:
-        done = compose(env, project, "up", "-d", "--wait", "prometheus", "alertmanager", "influxdb")
-        assert done.returncode != 0, done.stdout + done.stderr
-        logs = compose(env, project, "logs", "publish-check", timeout=60).stdout
-        assert "rendered for 127.0.0.1 but LONGHAUL_PUBLISH_ADDRESS is %s" % published["ip"] in logs.replace("\n", " "), logs
-        for service in ("prometheus", "alertmanager", "influxdb"):
-            assert not helpers.port_open(int(env[SERVICES[service]]), host=published["ip"]), service
+        done = compose(env, project, "up", "-d", "--no-deps", *SERVICES)
+        assert done.returncode == 0, done.stdout + done.stderr
+        said = "rendered for 127.0.0.1 but LONGHAUL_PUBLISH_ADDRESS is %s" % published["ip"]
+
+        def refused(service):
+            return said in compose(env, project, "logs", service, timeout=60).stdout.replace("\n", " ")
+
+        for service in SERVICES:
+            helpers.wait_until(lambda: refused(service), 60, "%s refusing to start" % service)
+        for _ in range(3):
+            for service in SERVICES:
+                assert no_answer(misused, service, DATA_PATHS[service]), service
+            time.sleep(1)
     finally:
         compose(env, project, "down", "-v", timeout=300)
+
+
+def test_no_stranger_makes_himself_influxdb_s_first_admin(published):
+    """InfluxDB 1.x takes an anonymous CREATE USER ... WITH ALL PRIVILEGES
+    while it has no user at all. The stack's InfluxDB started on an empty
+    volume, with a stranger asking for that over and over from before it
+    starts: never accepted (the admin is made before the port answers), and
+    afterwards InfluxDB knows no user of the stranger's."""
+    env, project = published["env"], published["project"]
+    assert compose(env, project, "rm", "-s", "-f", "influxdb", timeout=120).returncode == 0
+    volume = "%s_influxdb-data" % project
+    done = subprocess.run(["docker", "volume", "rm", volume], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    grab = urllib.parse.urlencode({"q": "CREATE USER stranger WITH PASSWORD 'stranger1' WITH ALL PRIVILEGES"})
+    answers, stop = [], threading.Event()
+
+    def stranger():
+        while not stop.is_set():
+            try:
+                answers.append(request(published, "influxdb", "/query?" + grab, method="POST", body=b""))
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=stranger, daemon=True)
+    thread.start()
+    try:
+        done = compose(env, project, "up", "-d", "--no-deps", "--wait", "influxdb")
+        assert done.returncode == 0, done.stdout + done.stderr
+        time.sleep(2)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert answers, "the stranger never got an answer"
+    taken = [(status, body[:200]) for status, body in answers if status == 200 and b"error" not in body]
+    assert taken == [], taken
+    q = urllib.parse.urlencode({"q": "SHOW USERS"})
+    status, body = request(published, "influxdb", "/query?" + q, login_for(published, "influxdb"))
+    assert status == 200 and b"stranger" not in body and b"admin" in body, body
+
+
+def test_influxdb_s_profiler_is_off(published):
+    status, body = request(published, "influxdb", "/debug/pprof/")
+    assert status == 404, (status, body[:300])
+
+
+def test_an_inventory_s_ca_signs_the_stack_and_is_left_as_it_was(tmp_path):
+    """Rendered with an inventory that site.yml provisioned (its CA and
+    generated passwords in .longhaul-secrets beside it, roles/longhaul_pki):
+    the stack's certificate is signed by that CA, Prometheus logs in with the
+    inventory's scrape password, and nothing of .longhaul-secrets changes."""
+    inventory = tmp_path / "inventory"
+    pki = inventory / ".longhaul-secrets"
+    (pki / "credentials").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text("all:\n  hosts:\n    xfer-1:\n      ansible_host: 192.0.2.10\n")
+    openssl = lambda *args: subprocess.run(["openssl", *args], check=True, capture_output=True)
+    openssl("ecparam", "-name", "secp384r1", "-genkey", "-noout", "-out", str(pki / "ca.key"))
+    openssl("req", "-x509", "-new", "-key", str(pki / "ca.key"), "-subj", "/CN=longhaul CA inventory", "-days", "3650",
+            "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-out", str(pki / "ca.crt"))
+    for name in ("admin", "scrape"):
+        (pki / "credentials" / name).write_text(secrets.token_hex(16) + "\n")
+    before = {p: p.read_bytes() for p in sorted(pki.rglob("*")) if p.is_file()}
+    generated = tmp_path / "generated"
+    render(stack_env("10.213.0.1", generated), inventory=inventory / "hosts.yml")
+    after = {p: p.read_bytes() for p in sorted(pki.rglob("*")) if p.is_file()}
+    assert after == before, [str(p) for p in after if after[p] != before.get(p)] + [str(p) for p in before if p not in after]
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(pki / "ca.crt"), str(generated / "tls" / "stack.crt")],
+                              capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    scrape = (pki / "credentials" / "scrape").read_text().strip()
+    assert (generated / "prometheus" / "tls" / "scrape.password").read_text() == scrape

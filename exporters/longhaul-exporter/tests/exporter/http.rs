@@ -49,20 +49,29 @@ fn scrapes_beyond_the_limit_get_503() {
 
 #[test]
 fn concurrent_scrapes_share_one_stats_api_request() {
-    // The engine takes 500 ms to answer: the scrapes that arrive meanwhile
-    // wait for that collection instead of asking the engine again (the
-    // engine and tcp collectors read the one answer).
+    // The engine takes 3 s to answer: the scrapes that arrive meanwhile
+    // (all 16 leave together, well within that) wait for that collection
+    // instead of asking the engine again (the engine and tcp collectors read
+    // the one answer).
     let body = std::fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
-    let engine = FakeEngine::start(Behaviour::Slow(body, Duration::from_millis(500)));
+    let engine = FakeEngine::start(Behaviour::Slow(body, Duration::from_secs(3)));
     let exp = Exporter::start(&[
         engine.url(),
         "--no-collector.raid".into(),
-        "--web.max-requests=32".into(),
+        "--web.max-requests=64".into(),
+        "--engine.timeout=8s".into(),
     ]);
     let before = engine.requests();
     let addr = exp.addr;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(16));
     let scrapes: Vec<_> = (0..16)
-        .map(|_| std::thread::spawn(move || get(addr, "/metrics", None)))
+        .map(|_| {
+            let start = std::sync::Arc::clone(&start);
+            std::thread::spawn(move || {
+                start.wait();
+                get(addr, "/metrics", None)
+            })
+        })
         .collect();
     for scrape in scrapes {
         let answer = scrape.join().unwrap();
