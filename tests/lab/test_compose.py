@@ -58,6 +58,9 @@ def compose_stack(project, inventory=None):
         "LONGHAUL_LIVE_VIEW_PORT": helpers.free_port(),
     }
     env = Lab.env_for_ansible()
+    # on loopback, into lab/compose/generated/, whatever the shell exported
+    for name in ("LONGHAUL_PUBLISH_ADDRESS", "LONGHAUL_PUBLISH_NAMES", "LONGHAUL_COMPOSE_GENERATED"):
+        env.pop(name, None)
     env.update({name: str(port) for name, port in ports.items()})
     if inventory:
         env["RENDER_INVENTORY"] = str(inventory)
