@@ -8,8 +8,10 @@ Here the stack comes up on an address of an interface this test makes,
 with the images built here, and from outside its containers:
 - plain HTTP to each port gets no data;
 - over TLS (the certificate checked against the stack's CA, for that
-  address) every port but InfluxDB's /ping answers 401 without a login or
-  with a wrong password, and works with the admin login;
+  address) every port answers 401 without a login or with a wrong password,
+  and works with the admin login; InfluxDB's front (the influxdb role's
+  nginx) asks for a login where InfluxDB 1.6 itself does not (/ping,
+  /status, and an admin's for /metrics and /debug/);
 - an anonymous silence is refused and no silence exists afterwards;
 - inside, over TLS: Prometheus scrapes itself and Alertmanager (every
   target up), Telegraf writes to InfluxDB, the live view reads Prometheus;
@@ -299,6 +301,40 @@ def test_a_loopback_configuration_does_not_start_elsewhere(published, tmp_path):
         compose(env, project, "down", "-v", timeout=300)
 
 
+# What InfluxDB 1.6 answers anyone, what in the answer gives it away, and
+# what it answers the admin through the front (the profiler is off; a path
+# spelled otherwise is InfluxDB's 404 once the front has let the admin by).
+INFLUXDB_OPEN = (
+    ("/ping", b"", 204),
+    ("/status", b"", 204),
+    ("/debug/vars", b"memstats", 200),
+    ("//debug/vars", b"memstats", 404),
+    ("/%64ebug/vars", b"memstats", 200),
+    ("/debug/requests?seconds=1", b"{", 200),
+    ("/debug/pprof/", b"goroutine", 404),
+    ("/metrics", b"go_goroutines", 200),
+)
+
+
+@pytest.mark.parametrize("path,leak,for_admin", INFLUXDB_OPEN, ids=[path for path, _, _ in INFLUXDB_OPEN])
+def test_influxdb_tells_nothing_without_a_login(published, path, leak, for_admin):
+    """Without a login, with a wrong one: 401 and nothing of InfluxDB's; a
+    user that is not an admin: only /ping and /status; the admin: what
+    InfluxDB has."""
+    admin_login = login_for(published, "influxdb")
+    reader = ("grafana", secret(published, "influxdb-grafana-password"))
+    for login in (None, (admin_login[0], admin_login[1] + "x"), ("someone", admin_login[1])):
+        status, body = request(published, "influxdb", path, login)
+        assert status == 401 and (not leak or leak not in body), (path, login and login[0], status, body[:300])
+    status, body = request(published, "influxdb", path, reader)
+    if path in ("/ping", "/status"):
+        assert status == 204, (path, status, body[:300])
+    else:
+        assert status == 403 and leak not in body, (path, status, body[:300])
+    status, body = request(published, "influxdb", path, admin_login)
+    assert status == for_admin and (for_admin != 200 or leak in body), (path, status, body[:300])
+
+
 def test_no_stranger_makes_himself_influxdb_s_first_admin(published):
     """InfluxDB 1.x takes an anonymous CREATE USER ... WITH ALL PRIVILEGES
     while it has no user at all. The stack's InfluxDB started on an empty
@@ -336,11 +372,6 @@ def test_no_stranger_makes_himself_influxdb_s_first_admin(published):
     q = urllib.parse.urlencode({"q": "SHOW USERS"})
     status, body = request(published, "influxdb", "/query?" + q, login_for(published, "influxdb"))
     assert status == 200 and b"stranger" not in body and b"admin" in body, body
-
-
-def test_influxdb_s_profiler_is_off(published):
-    status, body = request(published, "influxdb", "/debug/pprof/")
-    assert status == 404, (status, body[:300])
 
 
 def test_an_inventory_s_ca_signs_the_stack_and_is_left_as_it_was(tmp_path):

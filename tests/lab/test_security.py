@@ -116,6 +116,35 @@ def test_influxdb_answers_its_users_only_over_tls(provisioned):
     refused_without_the_password(lab, url, "grafana", reader, '"results"')
 
 
+def test_influxdb_s_counters_and_version_need_a_login(provisioned):
+    """What InfluxDB 1.6 answers anyone (its version, its counters, the user
+    names and addresses of recent requests, the Go runtime's metrics) the
+    influxdb role's front (nginx) answers only to a login InfluxDB accepts:
+    /ping to its users, the rest to its admin; a user that is no admin gets 403."""
+    lab = provisioned
+    admin = lab.secret("influxdb-admin-password")
+    reader = lab.secret("influxdb-grafana-password")
+    base = lab.influxdb_url
+    answers = probe(
+        lab,
+        "router",
+        [
+            {"url": base + "/ping"},
+            {"url": base + "/ping", "user": "grafana", "password": "not-the-password"},
+            {"url": base + "/ping", "user": "grafana", "password": reader},
+        ],
+    )
+    assert [answer["status"] for answer in answers] == [401, 401, 204], answers
+    for path, leak in (
+        ("/debug/vars", '"memstats"'),
+        ("/debug/requests?seconds=1", "{"),
+        ("/metrics", "go_goroutines"),
+    ):
+        refused_without_the_password(lab, base + path, "admin", admin, leak)
+        [answer] = probe(lab, "router", [{"url": base + path, "user": "grafana", "password": reader}])
+        assert answer["status"] == 403 and leak not in answer["body"], (path, answer)
+
+
 def test_prometheus_scrapes_every_exporter_over_verified_tls(provisioned):
     lab = provisioned
     want = {(host, port) for host, _, port in exporters(lab)}
