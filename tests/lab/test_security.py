@@ -143,6 +143,10 @@ def test_influxdb_s_counters_and_version_need_a_login(provisioned):
         refused_without_the_password(lab, base + path, "admin", admin, leak)
         [answer] = probe(lab, "router", [{"url": base + path, "user": "grafana", "password": reader}])
         assert answer["status"] == 403 and leak not in answer["body"], (path, answer)
+    # A path nginx would read as "/x" and InfluxDB as /debug/vars: refused, even to the admin.
+    for login in ({}, {"user": "admin", "password": admin}):
+        [answer] = probe(lab, "router", [{"url": base + "/debug/vars/../../x", **login}])
+        assert answer["status"] == 400 and "memstats" not in answer["body"], answer
 
 
 def test_prometheus_scrapes_every_exporter_over_verified_tls(provisioned):
