@@ -396,9 +396,13 @@ class Lab:
         )
         return [a for a in found if a["labels"].get("alertname") == name]
 
-    def ready(self, url):
+    def ready(self, url, login=None):
+        """True once url answers 200 or 204: with `login` (user, password), else
+        with the plane's admin over https."""
         request = urllib.request.Request(url)
-        if url.startswith("https://"):
+        if login is not None:
+            request.add_header("Authorization", basic_auth(*login))
+        elif url.startswith("https://"):
             request.add_header("Authorization", basic_auth(*admin()))
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=tls_context()) as answer:
             return answer.status in (200, 204)

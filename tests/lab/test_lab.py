@@ -193,7 +193,8 @@ def test_every_service_answers(provisioned):
             60,
             "%s on %s up in Prometheus (targets: %s)" % (job, instance, health),
         )
-    assert lab.ready(lab.influxdb_url + "/ping")
+    # InfluxDB's front answers /ping to a user of InfluxDB's (roles/influxdb)
+    assert lab.ready(lab.influxdb_url + "/ping", ("grafana", lab.secret("influxdb-grafana-password")))
     assert lab.ready(lab.alertmanager_url + "/-/ready")
 
 
