@@ -267,7 +267,7 @@ def test_the_live_view_and_its_prometheus_answer_admin_only(provisioned):
     admin = (SECRETS / "credentials" / "admin").read_text().strip()
     base = "https://%s:8443" % lab.address["monitor"]
     for path, body in (
-        ("/", "<html"),
+        ("/", "longhaul live view"),
         ("/dashboards/index.json", '"transfer-overview"'),
         ("/prometheus/api/v1/query?query=up", '"resultType"'),
     ):
