@@ -47,7 +47,14 @@ for request in json.load(sys.stdin):
         ) as answer:
             out.append({"status": answer.status, "body": answer.read(4096).decode("latin-1")})
     except urllib.error.HTTPError as error:
-        out.append({"status": error.code, "body": error.read(4096).decode("latin-1")})
+        # A server that refuses a request may close before its answer's body is read
+        # (Go's answer to plain HTTP on a TLS port, while a POST's body is still
+        # arriving): the status is the answer.
+        try:
+            body = error.read(4096).decode("latin-1")
+        except OSError as gone:
+            body = "(body unread: %s)" % gone
+        out.append({"status": error.code, "body": body})
     except Exception as error:
         out.append({"status": None, "body": "%s: %s" % (type(error).__name__, error)})
 print(json.dumps(out))
