@@ -364,6 +364,29 @@ def test_16_iperf3_clients_at_once(server):
         check_tcp_sums(data["end"], "sum_sent", "sum_received", True, 2)
 
 
+def test_a_source_allowed_16_tests_may_exchange_16_parameter_blocks_at_once(server):
+    """The server allows 32 tests per source and says nothing of pending
+    connections: 16 clients of one host in their parameter exchange at once
+    (a loaded machine's 16 clients started together) all stay. Before, the
+    pending limit stayed 8 whatever the tests per source, the ninth pushed
+    the first out, and CI's 16-client test saw "control socket has closed
+    unexpectedly"."""
+    clients = [HandClient(server) for _ in range(16)]
+    try:
+        for c in clients:
+            c.run_until("cookie")
+        time.sleep(0.5)
+        cut = [i for i, c in enumerate(clients) if closed_by_server(c.control, 0.05)]
+        assert not cut, f"clients {cut} of 16 were pushed out of their parameter exchange"
+        # Each goes on to its test.
+        for c in clients:
+            c._params()
+    finally:
+        for c in clients:
+            c.vanish()
+    still_serves(server)
+
+
 # ------------------------------------------------------------ hostile input
 
 

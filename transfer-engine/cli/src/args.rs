@@ -149,11 +149,11 @@ pub struct ServeArgs {
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub iperf3_max_tests_per_source: Option<usize>,
     /// iperf3 connections of one client address still exchanging their
-    /// parameters; a newer one pushes out the oldest
+    /// parameters; a newer one pushes out the oldest (default: 8, or
+    /// --iperf3-max-tests-per-source when that is more)
     #[arg(long, value_name = "N",
-          default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_PENDING_PER_SOURCE,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=longhaul_engine::limits::HANDSHAKING_CAPACITY as u64))]
-    pub iperf3_max_pending_per_source: usize,
+    pub iperf3_max_pending_per_source: Option<usize>,
     /// Longest iperf3 test, its omitted seconds (-O) included, as iperf3's
     /// max duration: longer tests are refused, and a test still running
     /// then is stopped (default 3600 s)
@@ -508,7 +508,9 @@ impl ServeArgs {
         opts.max_tests_per_source = self.iperf3_max_tests_per_source.unwrap_or(
             longhaul_engine::iperf3::server::default_tests_per_source(self.iperf3_max_tests),
         );
-        opts.max_pending_per_source = self.iperf3_max_pending_per_source;
+        opts.max_pending_per_source = self.iperf3_max_pending_per_source.unwrap_or(
+            longhaul_engine::iperf3::server::default_pending_per_source(opts.max_tests_per_source),
+        );
         opts.check()?;
         if let Some(max) = self.iperf3_max_duration {
             opts.limits.max_duration = max;

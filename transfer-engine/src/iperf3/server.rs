@@ -75,12 +75,21 @@ pub fn default_tests_per_source(max_tests: usize) -> usize {
     (max_tests / SOURCE_SHARE_DIVISOR).max(1)
 }
 
-/// Default `--iperf3-max-pending-per-source`: connections of one source
-/// between their cookie and the end of their parameter exchange (each a
-/// thread of ours), the oldest pushed out by a newer one. A client has one
-/// there for a round trip per test; 8 covers a host starting its tests
-/// together, and a stranger's crowd holds 8 threads, not 64.
+/// Least default `--iperf3-max-pending-per-source`: connections of one
+/// source between their cookie and the end of their parameter exchange
+/// (each a thread of ours), the oldest pushed out by a newer one. A client
+/// has one there for a round trip per test; 8 covers a host starting its
+/// default 4 tests together, and a stranger's crowd holds 8 threads, not 64.
 pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 8;
+
+/// The default `--iperf3-max-pending-per-source` for a source that may hold
+/// `tests_per_source` tests: a host allowed 32 tests may start 32 together,
+/// and on a loaded machine their parameter exchanges overlap; with 8, the
+/// ninth pushed the first out and its client saw "control socket has closed
+/// unexpectedly" (CI, 16 clients from one address).
+pub fn default_pending_per_source(tests_per_source: usize) -> usize {
+    tests_per_source.clamp(DEFAULT_MAX_PENDING_PER_SOURCE, HANDSHAKING_CAPACITY)
+}
 
 /// From `CREATE_STREAMS` to the test's last data connection (TCP or UDP).
 /// An iperf3 client opens them all at once, a round trip each: 5 s covers
@@ -162,7 +171,9 @@ impl Iperf3Options {
             listen: listen.into(),
             max_tests: DEFAULT_MAX_TESTS,
             max_tests_per_source: default_tests_per_source(DEFAULT_MAX_TESTS),
-            max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
+            max_pending_per_source: default_pending_per_source(default_tests_per_source(
+                DEFAULT_MAX_TESTS,
+            )),
             limits: ServerLimits {
                 max_duration: DEFAULT_MAX_DURATION,
                 max_rate_bps: 0,
@@ -1265,6 +1276,13 @@ mod tests {
             "the server waited {:?} after the junk",
             said.elapsed()
         );
+    }
+
+    #[test]
+    fn a_source_s_default_pending_connections_cover_its_tests() {
+        assert_eq!(default_pending_per_source(4), 8);
+        assert_eq!(default_pending_per_source(32), 32);
+        assert_eq!(default_pending_per_source(1024), HANDSHAKING_CAPACITY);
     }
 
     #[test]
