@@ -229,6 +229,7 @@ impl SessionEntry {
             bytes_sent: sent,
             bytes_received: received,
             streams,
+            stream_rows: None,
             devices: s.devices.iter().map(|g| g.snapshot()).collect(),
         }
     }

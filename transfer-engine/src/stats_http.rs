@@ -1,6 +1,7 @@
 //! The stats API: `GET /v1/sessions` answers the registry's
 //! [`longhaul_stats_api::Snapshot`] as JSON (`?view=series`: its series
-//! view, what the exporter exports; another view is 400), 404 for other
+//! view, what the exporter exports; `?view=rows`: the same with each stream
+//! as an array, what the exporter asks for; another view is 400), 404 for other
 //! paths, 405 for other methods. Served by `longhaul-http-serve`, whose limits (bounded
 //! request head, total deadlines, pending connections pushed out when
 //! full) keep a slow or hostile local client from growing the engine or
@@ -44,15 +45,15 @@ fn answer(req: &longhaul_http_serve::Request, registry: &Registry) -> Response {
         .unwrap_or("")
         .split('&')
         .find_map(|pair| pair.strip_prefix("view="));
+    let query = req.query();
     let snapshot = match view {
         None => snapshot,
-        Some(_) if req.query() == Some(longhaul_stats_api::SERIES_VIEW_QUERY) => {
-            snapshot.series_view()
-        }
+        Some(_) if query == Some(longhaul_stats_api::SERIES_VIEW_QUERY) => snapshot.series_view(),
+        Some(_) if query == Some(longhaul_stats_api::ROWS_VIEW_QUERY) => snapshot.rows_view(),
         Some(other) => {
             return Response::text(
                 400,
-                &format!("unknown view {other:?}; the one there is: view=series\n"),
+                &format!("unknown view {other:?}; the views there are: view=series, view=rows\n"),
             )
         }
     };

@@ -464,7 +464,7 @@ mod tests {
     }
 
     fn labels(f: &Family) -> Vec<Vec<String>> {
-        f.samples
+        f.samples()
             .iter()
             .map(|s| s.labels.iter().map(|(_, v)| v.clone()).collect())
             .collect()
@@ -504,11 +504,11 @@ mod tests {
             [["10.0.0.2", "5201", "0"], ["10.0.0.2", "5201", "1"]]
         );
         // Ended connections' bytes stay in the counter: it never goes down.
-        let acked = |f: &[Family]| family(f, "longhaul_tcp_bytes_acked_total").samples[0].value;
+        let acked = |f: &[Family]| family(f, "longhaul_tcp_bytes_acked_total").samples()[0].value;
         assert_eq!(acked(&first), 150.0);
         assert_eq!(acked(&second), 150.0 + 11.0);
         assert_eq!(
-            family(&second, "longhaul_tcp_retransmits_total").samples[0].value,
+            family(&second, "longhaul_tcp_retransmits_total").samples()[0].value,
             4.0
         );
     }
@@ -534,19 +534,19 @@ mod tests {
             ]
         );
         // cookies 3 and 4: 6 ms and 8 ms -> 7 ms
-        assert!((rtt.samples[2].value - 0.007).abs() < 1e-12);
+        assert!((rtt.samples()[2].value - 0.007).abs() < 1e-12);
         assert_eq!(
-            family(&fams, "longhaul_tcp_cwnd_bytes").samples[2].value,
+            family(&fams, "longhaul_tcp_cwnd_bytes").samples()[2].value,
             20_000.0
         );
         assert!(
             family(&fams, "longhaul_tcp_pacing_rate_bytes_per_second")
-                .samples
+                .samples()
                 .is_empty(),
             "unlimited pacing is not a number"
         );
         assert_eq!(
-            family(&fams, "longhaul_tcp_connections").samples[0].value,
+            family(&fams, "longhaul_tcp_connections").samples()[0].value,
             4.0
         );
         // One ends: a waiting connection takes its slot.
@@ -558,7 +558,7 @@ mod tests {
         );
         let rtt = family(&book.families(), "longhaul_tcp_rtt_seconds").clone();
         assert_eq!(labels(&rtt).len(), 3);
-        assert_eq!(rtt.samples[0].value, 0.006, "cookie 3 took slot 0");
+        assert_eq!(rtt.samples()[0].value, 0.006, "cookie 3 took slot 0");
     }
 
     #[test]
@@ -583,14 +583,14 @@ mod tests {
         book.update(vec![], t0 + Duration::from_secs(10));
         assert_eq!(
             family(&book.families(), "longhaul_tcp_connections")
-                .samples
+                .samples()
                 .len(),
             MAX_REMOTES + 1,
             "idle groups keep their counters for a while"
         );
         book.update(vec![], t0 + Duration::from_secs(10) + IDLE_EVICTION);
         assert!(family(&book.families(), "longhaul_tcp_connections")
-            .samples
+            .samples()
             .is_empty());
     }
 }

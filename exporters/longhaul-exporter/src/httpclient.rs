@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use std::io::Read;
 
-use anyhow::bail;
 use ureq::http::Uri;
 
 /// An `http://host:port/prefix` URL (`--engine.url`).
@@ -59,6 +58,18 @@ impl Url {
     }
 }
 
+/// An answer other than 200, by its status.
+#[derive(Debug, thiserror::Error)]
+#[error("HTTP status {0}")]
+pub struct Status(pub u16);
+
+/// The status of a failed [`open`] that was answered, if it was.
+pub fn status(e: &anyhow::Error) -> Option<u16> {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<Status>())
+        .map(|s| s.0)
+}
+
 /// GETs `url.prefix + path` and returns the body of a 200 answer as a
 /// reader, all within `timeout` (reading the body included); the caller
 /// bounds how much it reads.
@@ -79,7 +90,7 @@ pub fn open(url: &Url, path: &str, timeout: Duration) -> anyhow::Result<impl Rea
         })?;
     let status = answer.status();
     if status != 200 {
-        bail!("HTTP status {status}");
+        return Err(Status(status.as_u16()).into());
     }
     Ok(answer.into_body().into_reader())
 }

@@ -215,6 +215,30 @@ impl<R: Read> Reader<R> {
 
     /// A whole number >= 0.
     pub fn u64(&mut self) -> Result<u64> {
+        // One pass over a number that ends within the window (nearly every
+        // one: the stats answer is mostly such numbers); anything else, a
+        // number cut by the window's end, too long or not whole, is taken
+        // by the token reader below, which says what is wrong.
+        self.peek()?;
+        let digits = &self.buf[self.pos..self.end];
+        let mut v: u64 = 0;
+        for (i, &b) in digits.iter().enumerate().take(20) {
+            if b.is_ascii_digit() {
+                match v
+                    .checked_mul(10)
+                    .and_then(|v| v.checked_add(u64::from(b - b'0')))
+                {
+                    Some(n) => v = n,
+                    None => break,
+                }
+            } else {
+                if i > 0 && !matches!(b, b'.' | b'e' | b'E' | b'+' | b'-') {
+                    self.pos += i;
+                    return Ok(v);
+                }
+                break;
+            }
+        }
         let (start, len) = self.number_token()?;
         let token = &self.buf[start..start + len];
         let mut v: u64 = 0;

@@ -24,55 +24,110 @@ pub enum MetricType {
     Gauge,
 }
 
-/// One sample: label pairs (names are static, values owned) and a value.
+/// One sample: label pairs (names are static, values owned) and a value,
+/// as [`Family::samples`] hands them back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub labels: Vec<(&'static str, String)>,
     pub value: f64,
 }
 
-/// All samples of one metric name.
+/// All samples of one metric name. The samples' labels are kept as they
+/// will be written, values escaped, one after the other: a collection of
+/// 50,000 streams pushes some 80,000 samples, and a string per label value
+/// (240,000 of them, allocated, read back scattered by [`encode`], freed)
+/// cost more than reading the engine's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Family {
     /// Full sample name; counters end in `_total`.
     pub name: &'static str,
     pub help: &'static str,
     pub kind: MetricType,
-    pub samples: Vec<Sample>,
+    /// Every sample's label names, one after the other.
+    names: Vec<&'static str>,
+    /// Every sample's label values, escaped, one after the other...
+    values: String,
+    /// ...and where each ends in `values` (one per name).
+    value_ends: Vec<usize>,
+    /// Each sample: where its labels end in `names`, and its value.
+    samples: Vec<(usize, f64)>,
 }
 
 impl Family {
     pub fn counter(name: &'static str, help: &'static str) -> Family {
         debug_assert!(name.ends_with("_total"), "{name}: counters end in _total");
-        Family {
-            name,
-            help,
-            kind: MetricType::Counter,
-            samples: Vec::new(),
-        }
+        Family::new(name, help, MetricType::Counter)
     }
 
     pub fn gauge(name: &'static str, help: &'static str) -> Family {
+        Family::new(name, help, MetricType::Gauge)
+    }
+
+    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Family {
         Family {
             name,
             help,
-            kind: MetricType::Gauge,
+            kind,
+            names: Vec::new(),
+            values: String::new(),
+            value_ends: Vec::new(),
             samples: Vec::new(),
         }
     }
 
     /// Adds a sample; `labels` pairs are (name, value).
     pub fn push<V: Into<f64>>(&mut self, labels: &[(&'static str, &str)], value: V) {
-        self.samples.push(Sample {
-            labels: labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
-            value: value.into(),
-        });
+        for (name, v) in labels {
+            self.names.push(name);
+            escaped(&mut self.values, v, true);
+            self.value_ends.push(self.values.len());
+        }
+        self.samples.push((self.names.len(), value.into()));
     }
 
     /// Adds a u64 counter/gauge value (exact up to 2^53, like every
     /// Prometheus sample).
     pub fn push_u64(&mut self, labels: &[(&'static str, &str)], value: u64) {
         self.push(labels, value as f64);
+    }
+
+    /// Makes room for `samples` more samples of `labels` labels each
+    /// (values of up to 16 bytes), so a large family grows once.
+    pub fn reserve(&mut self, samples: usize, labels: usize) {
+        self.samples.reserve(samples);
+        self.names.reserve(samples * labels);
+        self.value_ends.reserve(samples * labels);
+        self.values.reserve(samples * labels * 16);
+    }
+
+    /// How many samples the family has.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The samples as they were pushed (label values unescaped).
+    pub fn samples(&self) -> Vec<Sample> {
+        let mut first = 0;
+        self.samples
+            .iter()
+            .map(|&(end, value)| {
+                let labels = (first..end)
+                    .map(|i| (self.names[i], unescaped(self.value(i))))
+                    .collect();
+                first = end;
+                Sample { labels, value }
+            })
+            .collect()
+    }
+
+    /// Label value `i` of `names`, escaped.
+    fn value(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.value_ends[i - 1] };
+        &self.values[start..self.value_ends[i]]
     }
 }
 
@@ -104,6 +159,24 @@ impl Format {
 /// Largest integer a sample value holds exactly (Prometheus samples are
 /// float64); integral values up to it are written as integers.
 const EXACT_INTEGER: f64 = (1u64 << 53) as f64;
+
+/// What [`escaped`] made of a label value, back as it was.
+fn unescaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
 
 /// Appends `text` with the characters the formats escape escaped:
 /// backslash and newline, and in label values the double quote.
@@ -139,9 +212,9 @@ fn value(out: &mut String, v: f64) {
 
 /// Encodes a scrape; families without samples are left out.
 pub fn encode(families: &[Family], format: Format) -> String {
-    let series: usize = families.iter().map(|f| f.samples.len()).sum();
+    let series: usize = families.iter().map(|f| f.len()).sum();
     let mut out = String::with_capacity(series * 128 + families.len() * 160);
-    for fam in families.iter().filter(|f| !f.samples.is_empty()) {
+    for fam in families.iter().filter(|f| !f.is_empty()) {
         let (name, kind) = match fam.kind {
             MetricType::Counter => (
                 match format {
@@ -161,23 +234,25 @@ pub fn encode(families: &[Family], format: Format) -> String {
         out.push(' ');
         out.push_str(kind);
         out.push('\n');
-        for s in &fam.samples {
+        let mut first = 0;
+        for &(end, v) in &fam.samples {
             out.push_str(fam.name);
-            if !s.labels.is_empty() {
+            if first < end {
                 out.push('{');
-                for (i, (k, v)) in s.labels.iter().enumerate() {
-                    if i > 0 {
+                for i in first..end {
+                    if i > first {
                         out.push(',');
                     }
-                    out.push_str(k);
+                    out.push_str(fam.names[i]);
                     out.push_str("=\"");
-                    escaped(&mut out, v, true);
+                    out.push_str(fam.value(i));
                     out.push('"');
                 }
                 out.push('}');
             }
+            first = end;
             out.push(' ');
-            value(&mut out, s.value);
+            value(&mut out, v);
             out.push('\n');
         }
     }
@@ -213,6 +288,32 @@ mod tests {
              # HELP x_rtt_seconds RTT.\n# TYPE x_rtt_seconds gauge\nx_rtt_seconds{k=\"a\"} 0.25\n\
              x_rtt_seconds{k=\"v\"} 2\n# HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
         );
+    }
+
+    #[test]
+    fn samples_come_back_as_they_were_pushed() {
+        let fams = sample_families();
+        assert_eq!(
+            fams[0].samples(),
+            [Sample {
+                labels: vec![("a", "q\"uo\\te\nnl".to_string())],
+                value: 3.0
+            }]
+        );
+        let g = &fams[1];
+        assert_eq!(g.len(), 2);
+        assert_eq!(
+            g.samples()
+                .iter()
+                .map(|s| (s.labels.clone(), s.value))
+                .collect::<Vec<_>>(),
+            [
+                (vec![("k", "a".to_string())], 0.25),
+                (vec![("k", "v".to_string())], 2.0)
+            ]
+        );
+        assert!(fams[2].is_empty() && fams[2].samples().is_empty());
+        assert_eq!(fams[3].samples()[0].labels, []);
     }
 
     #[test]

@@ -23,11 +23,13 @@
 use std::collections::HashSet;
 use std::io::Read;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use longhaul_stats_api::{
-    check_name, Admission, DeviceIo, Direction, Mode, Protocol, SERIES_VIEW_QUERY, SESSIONS_PATH,
+    check_name, Admission, DeviceIo, Direction, Mode, Protocol, ROWS_VIEW_QUERY, SERIES_VIEW_QUERY,
+    SESSIONS_PATH,
 };
 
 use crate::httpclient::{self, Url};
@@ -157,11 +159,21 @@ pub struct EngineView {
     pub connections: HashSet<(SocketAddr, SocketAddr)>,
 }
 
+/// How long an engine that refused the rows view is asked for the series
+/// view alone before the rows view is tried again.
+pub const ROWS_RETRY: Duration = Duration::from_secs(600);
+
 /// The engine's stats API at `--engine.url`, read with `--engine.timeout`.
 pub struct EngineApi {
     url: Url,
     timeout: Duration,
     max_streams: usize,
+    /// An engine that answered 400 to the rows view (one from before it):
+    /// its start time, and when it refused. It is asked for the series
+    /// view, without a refused request each time, until an engine that
+    /// started at another time answers, or for [`ROWS_RETRY`] (an engine
+    /// replaced by a newer one between the two requests).
+    without_rows: Mutex<Option<(f64, Instant)>>,
 }
 
 impl EngineApi {
@@ -170,20 +182,64 @@ impl EngineApi {
             url: Url::parse(url).map_err(anyhow::Error::msg)?,
             timeout,
             max_streams,
+            without_rows: Mutex::new(None),
         })
     }
 
-    /// Reads one answer: the series view, which leaves out what no series
-    /// carries (an engine from before it answers the whole snapshot).
+    /// Reads one answer: the rows view, which leaves out what no series
+    /// carries and writes no key per stream; from an engine that does not
+    /// know it (400), the series view, within what is left of the timeout
+    /// (an engine from before both answers the whole snapshot, which reads
+    /// the same way).
     pub fn view(&self) -> anyhow::Result<EngineView> {
-        let path = format!("{SESSIONS_PATH}?{SERIES_VIEW_QUERY}");
+        let begun = Instant::now();
+        let older = *self.without_rows.lock().unwrap_or_else(|p| p.into_inner());
+        let ask_rows = older.is_none_or(|(_, since)| since.elapsed() >= ROWS_RETRY);
+        if ask_rows {
+            match self.read_view(ROWS_VIEW_QUERY, self.timeout) {
+                Err(e) if httpclient::status(&e) == Some(400) => {
+                    if older.is_none() {
+                        crate::log(&format!(
+                            "{:#}: asking this engine for the series view instead",
+                            e.context("the rows view refused")
+                        ));
+                    }
+                }
+                answer => {
+                    if answer.is_ok() {
+                        *self.without_rows.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    }
+                    return answer;
+                }
+            }
+        }
+        let left = self.timeout.saturating_sub(begun.elapsed());
+        if left.is_zero() {
+            anyhow::bail!("no complete answer within {:?}", self.timeout);
+        }
+        let view = self.read_view(SERIES_VIEW_QUERY, left)?;
+        *self.without_rows.lock().unwrap_or_else(|p| p.into_inner()) = match older {
+            // The engine that refused, within ROWS_RETRY.
+            Some((started, since)) if !ask_rows && started == view.started_unix => {
+                Some((started, since))
+            }
+            // Another engine: it is asked for the rows view next time.
+            Some(_) if !ask_rows => None,
+            // Refused just now.
+            _ => Some((view.started_unix, Instant::now())),
+        };
+        Ok(view)
+    }
+
+    fn read_view(&self, query: &str, timeout: Duration) -> anyhow::Result<EngineView> {
+        let path = format!("{SESSIONS_PATH}?{query}");
         let where_ = || {
             format!(
                 "engine stats API http://{}:{}{}{path}",
                 self.url.host, self.url.port, self.url.prefix
             )
         };
-        let body = httpclient::open(&self.url, &path, self.timeout).with_context(where_)?;
+        let body = httpclient::open(&self.url, &path, timeout).with_context(where_)?;
         read(body, self.max_streams)
             .map_err(|e| match e {
                 json::Error::Io(io) if httpclient::timed_out(&io) => {
@@ -217,6 +273,7 @@ pub fn read<R: Read>(src: R, max_streams: usize) -> json::Result<EngineView> {
         labels_left: MAX_STREAM_LABELS,
         max_streams,
         devices: 0,
+        ends: 0,
         entries: Vec::new(),
     };
     let mut version = None;
@@ -257,6 +314,8 @@ struct Walk {
     labels_left: usize,
     max_streams: usize,
     devices: usize,
+    /// Stream ends of the current session read so far, every direction.
+    ends: usize,
     /// The current session's stream entries (reused).
     entries: Vec<Entry>,
 }
@@ -351,6 +410,7 @@ impl Walk {
         let mut devices = Vec::new();
         let mut streams = false;
         self.entries.clear();
+        self.ends = 0;
         let mut o = r.begin_object()?;
         while let Some(k) = o.key(r)? {
             match k.as_str() {
@@ -383,6 +443,7 @@ impl Walk {
                     self.streams(r)?;
                     streams = true;
                 }
+                "stream_rows" => self.stream_rows(r)?,
                 "devices" => {
                     let mut a = r.begin_array()?;
                     while a.next(r)? {
@@ -427,9 +488,7 @@ impl Walk {
     fn streams<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<()> {
         let mut a = r.begin_array()?;
         while a.next(r)? {
-            if self.entries.len() == MAX_SESSION_STREAMS {
-                return too_many(r, "streams in a session", MAX_SESSION_STREAMS);
-            }
+            self.count_end(r)?;
             let (mut id, mut dir, mut bytes, mut tcp) = (None, None, None, None);
             let (mut local, mut peer) = (None, None);
             let mut o = r.begin_object()?;
@@ -453,18 +512,68 @@ impl Walk {
                     self.view.connections.insert((l, p));
                 }
             }
-            match dir {
-                Direction::Send | Direction::Receive => self.entries.push(Entry {
-                    id,
-                    send: dir == Direction::Send,
-                    bytes,
-                    tcp,
-                }),
-                // A data connection carries one direction; nothing to fold.
-                Direction::Bidir => {}
-            }
+            self.entry(id, dir, bytes, tcp);
         }
         Ok(())
+    }
+
+    /// The rows view's streams (`longhaul_stats_api::StreamRows`): each end
+    /// `[id, direction, bytes]` or `[id, direction, bytes, tcp]`, `tcp` a
+    /// sending end's `[rtt_us, cwnd_bytes, retransmits, segs_out,
+    /// pacing_rate_bps]` or null; what a newer engine appends, to a row or
+    /// to its `tcp`, is skipped.
+    fn stream_rows<R: Read>(&mut self, r: &mut Reader<R>) -> json::Result<()> {
+        const SHORT: &str = "a stream row without id, direction or bytes";
+        let mut a = r.begin_array()?;
+        while a.next(r)? {
+            self.count_end(r)?;
+            let mut row = r.begin_array()?;
+            if !row.next(r)? {
+                return r.error(SHORT);
+            }
+            let id = r.u32()?;
+            if !row.next(r)? {
+                return r.error(SHORT);
+            }
+            let dir = direction(r)?;
+            if !row.next(r)? {
+                return r.error(SHORT);
+            }
+            let bytes = r.u64()?;
+            let mut tcp = None;
+            if row.next(r)? {
+                tcp = tcp_row(r)?;
+                while row.next(r)? {
+                    r.skip()?;
+                }
+            }
+            self.entry(id, dir, bytes, tcp);
+        }
+        Ok(())
+    }
+
+    /// Counts one more stream end of the session being read, whatever its
+    /// direction, against [`MAX_SESSION_STREAMS`].
+    fn count_end<R: Read>(&mut self, r: &Reader<R>) -> json::Result<()> {
+        if self.ends == MAX_SESSION_STREAMS {
+            return too_many(r, "streams in a session", MAX_SESSION_STREAMS);
+        }
+        self.ends += 1;
+        Ok(())
+    }
+
+    /// One stream end of the session being read.
+    fn entry(&mut self, id: u32, dir: Direction, bytes: u64, tcp: Option<Tcp>) {
+        match dir {
+            Direction::Send | Direction::Receive => self.entries.push(Entry {
+                id,
+                send: dir == Direction::Send,
+                bytes,
+                tcp,
+            }),
+            // A data connection carries one direction; nothing to fold.
+            Direction::Bidir => {}
+        }
     }
 }
 
@@ -545,6 +654,34 @@ fn device<R: Read>(r: &mut Reader<R>) -> json::Result<DeviceIo> {
     }
 }
 
+/// A stream row's TCP_INFO: null, or `[rtt_us, cwnd_bytes, retransmits,
+/// segs_out, pacing_rate_bps]` and whatever a newer engine appends.
+fn tcp_row<R: Read>(r: &mut Reader<R>) -> json::Result<Option<Tcp>> {
+    if r.null()? {
+        return Ok(None);
+    }
+    let mut a = r.begin_array()?;
+    let mut t = Tcp::default();
+    let mut rtt = u64::from(t.rtt_us);
+    for field in [
+        &mut rtt,
+        &mut t.cwnd_bytes,
+        &mut t.retransmits,
+        &mut t.segs_out,
+        &mut t.pacing_rate_bps,
+    ] {
+        if !a.next(r)? {
+            return r.error("a stream row with part of its TCP_INFO");
+        }
+        *field = r.u64()?;
+    }
+    t.rtt_us = u32::try_from(rtt).or_else(|_| r.error("an RTT beyond 32 bits"))?;
+    while a.next(r)? {
+        r.skip()?;
+    }
+    Ok(Some(t))
+}
+
 fn tcp_info<R: Read>(r: &mut Reader<R>) -> json::Result<Option<Tcp>> {
     if r.null()? {
         return Ok(None);
@@ -570,7 +707,9 @@ fn tcp_info<R: Read>(r: &mut Reader<R>) -> json::Result<Option<Tcp>> {
 /// listed, such as a reverse iperf3 test's, counts its sending end's) and
 /// sums the TCP_INFO of its sending ends.
 fn fold(entries: &mut [Entry], cap: usize) -> Vec<StreamRow> {
-    entries.sort_unstable_by_key(|e| (e.id, e.send));
+    // A stable sort: the engine lists its own ends in id order, then the
+    // peer's, two runs it merges in one pass.
+    entries.sort_by_key(|e| (e.id, e.send));
     let mut rows = Vec::new();
     let mut other = StreamRow {
         stream: StreamLabel::Other,
@@ -695,6 +834,7 @@ mod tests {
                 bytes_sent: 0,
                 bytes_received: 1000,
                 streams,
+                stream_rows: None,
                 devices: vec![DeviceIo {
                     device: "sdc".into(),
                     controller: "0000:03:00.0".into(),
@@ -763,6 +903,53 @@ mod tests {
             "10.0.0.1:7400".parse().unwrap(),
             "10.0.0.2:40003".parse().unwrap()
         )));
+    }
+
+    #[test]
+    fn the_rows_view_reads_as_the_series_view_does() {
+        let snap = snapshot();
+        let series = serde_json::to_vec(&snap.clone().series_view()).unwrap();
+        let rows = serde_json::to_vec(&snap.rows_view()).unwrap();
+        assert!(rows.len() < series.len());
+        for cap in [1, 3, 256] {
+            assert_eq!(
+                read(&rows[..], cap).unwrap(),
+                read(&series[..], cap).unwrap()
+            );
+        }
+        // What a newer engine appends to a row is skipped; a row too short
+        // for what it must hold is refused, naming it.
+        let row = |rows: &str| {
+            format!(
+                r#"{{"version":1,"sessions":[{{"id":"x","peer":"p","mode":"memory","direction":"send","streams":[],"stream_rows":{rows}}}]}}"#
+            )
+        };
+        let v = read(
+            row(r#"[[0,"send",5,[2000,100,1,13,8000,{"later":[1]}],"x"],[0,"receive",4,null,7]]"#)
+                .as_bytes(),
+            4,
+        )
+        .unwrap();
+        let r = &v.sessions[0].streams[0];
+        assert_eq!(
+            (
+                r.received,
+                r.tcp.unwrap().segs_out,
+                r.tcp.unwrap().pacing_bytes_per_second
+            ),
+            (Some(4), 13, 1000)
+        );
+        for (rows, needle) in [
+            (r#"[[0,"send"]]"#, "without id, direction or bytes"),
+            (r#"[[]]"#, "without id, direction or bytes"),
+            (r#"[[0,"send",5,[2000,100]]]"#, "part of its TCP_INFO"),
+            (r#"[[0,"send",5,2000]]"#, "'[' belongs"),
+            (r#"[[0,"sideways",5]]"#, "direction"),
+            (r#"[{"id":0}]"#, "'[' belongs"),
+        ] {
+            let e = read(row(rows).as_bytes(), 4).unwrap_err().to_string();
+            assert!(e.contains(needle), "{rows}: {e}");
+        }
     }
 
     /// Every field the wire types write is read by the walk or knowingly
@@ -960,7 +1147,15 @@ mod tests {
     /// read or refused, never a panic.
     #[test]
     fn damaged_answers_are_read_or_refused() {
-        let good = serde_json::to_vec(&snapshot()).unwrap();
+        for good in [
+            serde_json::to_vec(&snapshot()).unwrap(),
+            serde_json::to_vec(&snapshot().rows_view()).unwrap(),
+        ] {
+            damaged_answers_of(good);
+        }
+    }
+
+    fn damaged_answers_of(good: Vec<u8>) {
         let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = |n: usize| {
             seed ^= seed << 13;
@@ -1010,6 +1205,15 @@ mod tests {
         let text = serde_json::to_vec(&snap).unwrap();
         let e = read(&text[..], 256).unwrap_err().to_string();
         assert!(e.contains("more than 8192 streams"), "{e}");
+        // Rows of any direction count, bidir ones (never folded) too.
+        for s in &mut snap.sessions[0].streams {
+            s.direction = Direction::Bidir;
+        }
+        for answer in [snap.clone(), snap.rows_view()] {
+            let text = serde_json::to_vec(&answer).unwrap();
+            let e = read(&text[..], 256).unwrap_err().to_string();
+            assert!(e.contains("more than 8192 streams"), "{e}");
+        }
         for (doc, needle) in [
             (r#"{"version":2,"engine":{},"sessions":[]}"#, "version 1"),
             (r#"{"version":1,"engine":{}}"#, "version 1"),

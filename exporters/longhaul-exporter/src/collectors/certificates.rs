@@ -111,7 +111,7 @@ impl Collector for Certificates {
                 Err(e) => failed.push(format!("{e:#}")),
             }
         }
-        if !expiry.samples.is_empty() {
+        if !expiry.is_empty() {
             out.push(expiry);
         }
         if !failed.is_empty() {

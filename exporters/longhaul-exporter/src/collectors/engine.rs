@@ -187,6 +187,18 @@ pub fn families(view: &EngineView) -> Vec<Family> {
             auth_failed.push_u64(&[("listener", a.listener.as_str()), ("reason", reason)], n);
         }
     }
+    // The stream families hold nearly every sample: each grows once.
+    let rows: usize = view.sessions.iter().map(|s| s.streams.len()).sum();
+    for f in [
+        &mut stream_bytes,
+        &mut rtt,
+        &mut cwnd,
+        &mut retrans,
+        &mut segments,
+        &mut pacing,
+    ] {
+        f.reserve(rows, 3);
+    }
     for s in &view.sessions {
         let id = s.id.as_str();
         let mut labels = vec![("session", id), ("peer", s.peer.as_str())];
@@ -300,6 +312,7 @@ mod tests {
                 started_unix: 0.0,
                 bytes_sent: 0,
                 bytes_received: 1000,
+                stream_rows: None,
                 streams: (0..streams)
                     .map(|id| Stream {
                         id,
@@ -333,20 +346,17 @@ mod tests {
             .iter()
             .find(|f| f.name == "longhaul_stream_bytes_total")
             .unwrap();
-        let labels: Vec<&str> = bytes
-            .samples
-            .iter()
-            .map(|s| s.labels[1].1.as_str())
-            .collect();
+        let samples = bytes.samples();
+        let labels: Vec<&str> = samples.iter().map(|s| s.labels[1].1.as_str()).collect();
         assert_eq!(labels, ["0", "1", "2", "other"]);
-        assert_eq!(bytes.samples[3].value, 20.0);
+        assert_eq!(bytes.samples()[3].value, 20.0);
         let rtt = fams
             .iter()
             .find(|f| f.name == "longhaul_stream_rtt_seconds")
             .unwrap();
         // streams 3 and 4: 4 ms and 5 ms -> mean 4.5 ms
-        assert!((rtt.samples[3].value - 0.0045).abs() < 1e-12);
-        let total: f64 = bytes.samples.iter().map(|s| s.value).sum();
+        assert!((rtt.samples()[3].value - 0.0045).abs() < 1e-12);
+        let total: f64 = bytes.samples().iter().map(|s| s.value).sum();
         assert_eq!(total, 50.0, "the cap never loses bytes");
     }
 
@@ -359,9 +369,9 @@ mod tests {
         let fams = families_of(&snap, 8);
         let only = |name: &str| {
             let f = fams.iter().find(|f| f.name == name).unwrap();
-            assert_eq!(f.samples.len(), 1, "{name}");
-            assert!(f.samples[0].labels.is_empty(), "{name}");
-            f.samples[0].value
+            assert_eq!(f.samples().len(), 1, "{name}");
+            assert!(f.samples()[0].labels.is_empty(), "{name}");
+            f.samples()[0].value
         };
         assert_eq!(only("longhaul_engine_start_time_seconds"), 1_790_000_000.5);
         assert_eq!(only("longhaul_sessions_total"), 12.0);
@@ -403,7 +413,7 @@ mod tests {
             fams.iter()
                 .find(|f| f.name == name)
                 .unwrap()
-                .samples
+                .samples()
                 .iter()
                 .map(|s| (s.labels.clone(), s.value))
                 .collect()
@@ -471,7 +481,7 @@ mod tests {
             .iter()
             .find(|f| f.name == "longhaul_admission_dropped_total")
             .unwrap();
-        assert!(empty.samples.is_empty());
+        assert!(empty.samples().is_empty());
     }
 
     /// The engine lists both ends of each stream (the client reports its
@@ -511,7 +521,7 @@ mod tests {
         let family = |name: &str| fams.iter().find(|f| f.name == name).unwrap();
         let keys = |name: &str| -> Vec<(String, String)> {
             family(name)
-                .samples
+                .samples()
                 .iter()
                 .map(|s| (s.labels[1].1.clone(), s.labels[2].1.clone()))
                 .collect()
@@ -534,13 +544,13 @@ mod tests {
         }
         let per_stream: usize = fams
             .iter()
-            .flat_map(|f| &f.samples)
+            .flat_map(|f| f.samples())
             .filter(|s| s.labels.iter().any(|(k, v)| *k == "stream" && v == "0"))
             .count();
         assert_eq!(per_stream, 6);
         let value = |name: &str, stream: &str, dir: &str| {
             family(name)
-                .samples
+                .samples()
                 .iter()
                 .find(|s| s.labels[1].1 == stream && s.labels[2].1 == dir)
                 .unwrap()
@@ -559,7 +569,7 @@ mod tests {
             value("longhaul_stream_bytes_total", "other", "receive"),
             10.0
         );
-        let info = &family("longhaul_session_info").samples[0];
+        let info = &family("longhaul_session_info").samples()[0];
         assert_eq!(info.labels[2], ("peer_host", "xfer-a".to_string()));
     }
 
@@ -581,7 +591,7 @@ mod tests {
             .iter()
             .find(|f| f.name == "longhaul_session_info")
             .unwrap()
-            .samples
+            .samples()
             .iter()
             .map(|s| s.labels.clone())
             .collect();
@@ -599,7 +609,7 @@ mod tests {
             (None, None)
         );
         for family in fams.iter().filter(|f| f.name != "longhaul_session_info") {
-            for sample in &family.samples {
+            for sample in &family.samples() {
                 assert!(
                     get(&sample.labels, "campaign").is_none()
                         && get(&sample.labels, "run").is_none(),
@@ -631,7 +641,7 @@ mod tests {
                 .map(|(_, v)| v.clone())
         };
         let protocols: Vec<(String, Option<String>)> = family("longhaul_session_info")
-            .samples
+            .samples()
             .iter()
             .map(|s| (s.labels[0].1.clone(), label(&s.labels, "protocol")))
             .collect();
@@ -643,7 +653,7 @@ mod tests {
             ]
         );
         let iperf3_streams = family("longhaul_stream_bytes_total")
-            .samples
+            .samples()
             .iter()
             .filter(|s| s.labels[0].1 == "i1")
             .count();
@@ -651,7 +661,7 @@ mod tests {
         // The per-stream series keep their labels: protocol is on the info
         // series only, for joins.
         assert!(family("longhaul_stream_retransmits_total")
-            .samples
+            .samples()
             .iter()
             .all(|s| label(&s.labels, "protocol").is_none()));
     }
@@ -663,8 +673,11 @@ mod tests {
             .iter()
             .find(|f| f.name == "longhaul_device_io_bytes_total")
             .unwrap();
-        assert_eq!(dev.samples.len(), 2);
-        assert_eq!(dev.samples[1].labels[3], ("direction", "write".to_string()));
-        assert_eq!(dev.samples[1].value, 1000.0);
+        assert_eq!(dev.samples().len(), 2);
+        assert_eq!(
+            dev.samples()[1].labels[3],
+            ("direction", "write".to_string())
+        );
+        assert_eq!(dev.samples()[1].value, 1000.0);
     }
 }

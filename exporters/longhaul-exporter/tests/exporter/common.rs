@@ -147,6 +147,9 @@ pub fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> Response {
 pub enum Behaviour {
     /// 200 with this body.
     Body(String),
+    /// An engine from before the rows view: 400 to `?view=rows`, 200 with
+    /// this body to any other request.
+    WithoutRows(String),
     /// 200 with this body, after this long (the engine busy answering).
     Slow(String, Duration),
     /// These raw bytes, then close.
@@ -183,10 +186,17 @@ impl FakeEngine {
                         s.set_read_timeout(Some(Duration::from_millis(500)))
                             .unwrap();
                         let mut buf = [0u8; 4096];
-                        let _ = s.read(&mut buf);
+                        let n = s.read(&mut buf).unwrap_or(0);
                         requests2.fetch_add(1, Ordering::SeqCst);
+                        let line = String::from_utf8_lossy(&buf[..n]);
+                        let line = line.lines().next().unwrap_or("");
                         match &behaviour {
-                            Behaviour::Body(b) => {
+                            Behaviour::WithoutRows(_) if line.contains("view=rows") => {
+                                let _ = s.write_all(
+                                    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 13\r\n\r\nunknown view\n",
+                                );
+                            }
+                            Behaviour::Body(b) | Behaviour::WithoutRows(b) => {
                                 let _ = write!(
                                     s,
                                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",

@@ -53,6 +53,58 @@ fn golden_scrape() {
     }
 }
 
+/// The fixture engine's answer as the rows view (what the exporter asks a
+/// current engine for).
+fn fixture_rows() -> String {
+    let body = fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
+    let snap: longhaul_stats_api::Snapshot = serde_json::from_str(&body).unwrap();
+    serde_json::to_string(&snap.rows_view()).unwrap()
+}
+
+fn scrape_of(engine: &FakeEngine) -> (Exporter, String) {
+    let mut args = fixture_args();
+    args.push(engine.url());
+    args.push("--no-collector.tcp".into());
+    args.push("--collector.engine.max-streams=4".into());
+    let exp = Exporter::start(&args);
+    let scrape = without_durations(&exp.scrape());
+    (exp, scrape)
+}
+
+#[test]
+fn the_rows_view_scrapes_as_the_whole_snapshot_does() {
+    let rows = fixture_rows();
+    assert!(rows.contains("\"stream_rows\":[["), "{rows}");
+    let engine = FakeEngine::start(Behaviour::Body(rows));
+    let (_exp, scrape) = scrape_of(&engine);
+    assert_eq!(scrape, without_durations(&fixture_scrape()));
+}
+
+#[test]
+fn an_engine_without_the_rows_view_is_asked_for_the_series_view_once_refused() {
+    let body = fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
+    let engine = FakeEngine::start(Behaviour::WithoutRows(body));
+    let (exp, scrape) = scrape_of(&engine);
+    assert_eq!(scrape, without_durations(&fixture_scrape()));
+    let asked = engine.requests();
+    // The rows view refused, then the series view: the first scrape's two
+    // requests, and the exporter said so once.
+    assert_eq!(asked, 2, "{asked} requests");
+    assert_eq!(
+        exp.log_lines("asking this engine for the series view instead"),
+        1
+    );
+    // Later scrapes of the same engine ask for the series view alone.
+    for _ in 0..3 {
+        assert_eq!(without_durations(&exp.scrape()), scrape);
+    }
+    assert_eq!(
+        engine.requests(),
+        asked + 3,
+        "a refused rows view was asked again"
+    );
+}
+
 #[test]
 fn promtool_accepts_the_fixture_scrape() {
     promtool_check(&fixture_scrape());

@@ -73,7 +73,7 @@ fn remotes(c: &dyn longhaul_exporter::collector::Collector) -> Vec<String> {
     out.iter()
         .find(|f| f.name == "longhaul_tcp_connections")
         .unwrap()
-        .samples
+        .samples()
         .iter()
         .map(|s| s.labels[0].1.clone())
         .collect()

@@ -187,6 +187,36 @@ fn stats_api_shows_a_running_session_with_streams() {
         .as_deref()
         .unwrap_or("")
         .is_empty());
+    // The rows view (what the exporter asks for now): the same session with
+    // each stream end an array, no keys; the streams list is empty.
+    let (status, body) = http_get(server.stats_port, "/v1/sessions?view=rows");
+    assert_eq!(status, 200, "{body}");
+    let rows: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let r = rows["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == session.id.as_str())
+        .unwrap();
+    assert_eq!(r["streams"], serde_json::json!([]));
+    let ends = r["stream_rows"].as_array().unwrap();
+    // This engine's 4 receiving ends, and the client's sending ends it reported.
+    assert_eq!(
+        ends.iter().filter(|e| e[1] == "receive").count(),
+        4,
+        "{body}"
+    );
+    for end in ends {
+        let end = end.as_array().unwrap();
+        let sending = end[1] == "send";
+        assert!(sending || end[1] == "receive", "{end:?}");
+        assert!(end[0].is_u64() && end[2].is_u64(), "{end:?}");
+        // Only the client's sending ends carry TCP_INFO (5 fields).
+        assert_eq!(end.len(), if sending { 4 } else { 3 }, "{end:?}");
+        if sending {
+            assert_eq!(end[3].as_array().map(Vec::len), Some(5), "{end:?}");
+        }
+    }
     let (status, body) = http_get(server.stats_port, "/v1/sessions?view=everything");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("unknown view"), "{body}");
