@@ -48,6 +48,7 @@ pub struct Reader<R> {
     scratch: String,
 }
 
+#[inline]
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\r' | b'\t')
 }
@@ -118,7 +119,19 @@ impl<R: Read> Reader<R> {
     }
 
     /// The next byte that is not white space, not consumed.
+    #[inline]
     fn peek(&mut self) -> Result<u8> {
+        // Nearly always the very next byte (the engine writes no spaces).
+        if let Some(&b) = self.buf[..self.end].get(self.pos) {
+            if !is_space(b) {
+                return Ok(b);
+            }
+        }
+        self.peek_further()
+    }
+
+    #[cold]
+    fn peek_further(&mut self) -> Result<u8> {
         loop {
             while self.pos < self.end {
                 let b = self.buf[self.pos];
@@ -133,6 +146,7 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    #[inline]
     fn expect(&mut self, want: u8) -> Result<()> {
         let b = self.peek()?;
         if b != want {
@@ -214,6 +228,7 @@ impl<R: Read> Reader<R> {
     }
 
     /// A whole number >= 0.
+    #[inline]
     pub fn u64(&mut self) -> Result<u64> {
         // One pass over a number that ends within the window (nearly every
         // one: the stats answer is mostly such numbers); anything else, a
@@ -239,6 +254,12 @@ impl<R: Read> Reader<R> {
                 break;
             }
         }
+        self.u64_token()
+    }
+
+    /// [`Reader::u64`] of any token, saying what is wrong with it.
+    #[cold]
+    fn u64_token(&mut self) -> Result<u64> {
         let (start, len) = self.number_token()?;
         let token = &self.buf[start..start + len];
         let mut v: u64 = 0;
@@ -568,6 +589,7 @@ pub struct Array {
 
 impl Array {
     /// Whether another element follows (false after the closing `]`).
+    #[inline]
     pub fn next<R: Read>(&mut self, r: &mut Reader<R>) -> Result<bool> {
         let b = r.peek()?;
         if b == b']' {

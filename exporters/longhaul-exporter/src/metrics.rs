@@ -10,8 +10,6 @@
 //! integers, others as the shortest decimal that reads back the same
 //! (dtoa, as prometheus-client wrote them before).
 
-use std::fmt::Write as _;
-
 /// Content type of the Prometheus text format.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Content type of OpenMetrics text.
@@ -200,7 +198,23 @@ fn escaped(out: &mut String, text: &str, quote: bool) {
 
 fn value(out: &mut String, v: f64) {
     if v == v.trunc() && v.abs() < EXACT_INTEGER {
-        let _ = write!(out, "{}", v as i64);
+        // Most values are whole numbers (counters, bytes): written digit by
+        // digit, without the formatting machinery.
+        let mut n = v.abs() as u64;
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        if v < 0.0 {
+            out.push('-');
+        }
+        out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
     } else if v.is_nan() {
         out.push_str("NaN");
     } else if v.is_infinite() {
