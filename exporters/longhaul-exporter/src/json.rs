@@ -48,6 +48,12 @@ pub struct Reader<R> {
     scratch: String,
 }
 
+/// `v` with the decimal digit `b` appended; None beyond 64 bits.
+#[inline]
+fn with_digit(v: u64, b: u8) -> Option<u64> {
+    v.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+}
+
 #[inline]
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\r' | b'\t')
@@ -239,10 +245,7 @@ impl<R: Read> Reader<R> {
         let mut v: u64 = 0;
         for (i, &b) in digits.iter().enumerate().take(20) {
             if b.is_ascii_digit() {
-                match v
-                    .checked_mul(10)
-                    .and_then(|v| v.checked_add(u64::from(b - b'0')))
-                {
+                match with_digit(v, b) {
                     Some(n) => v = n,
                     None => break,
                 }
@@ -267,10 +270,7 @@ impl<R: Read> Reader<R> {
             if !b.is_ascii_digit() {
                 return self.syntax("not a whole number >= 0");
             }
-            v = match v
-                .checked_mul(10)
-                .and_then(|v| v.checked_add(u64::from(b - b'0')))
-            {
+            v = match with_digit(v, b) {
                 Some(v) => v,
                 None => return self.syntax("a number beyond 64 bits"),
             };
@@ -601,6 +601,16 @@ impl Array {
         }
         self.first = false;
         Ok(true)
+    }
+
+    /// The next element, which must be there: an error saying `what` is
+    /// missing after the closing `]`.
+    pub fn required<R: Read>(&mut self, r: &mut Reader<R>, what: &str) -> Result<()> {
+        if self.next(r)? {
+            Ok(())
+        } else {
+            r.error(what)
+        }
     }
 }
 

@@ -528,17 +528,11 @@ impl Walk {
         while a.next(r)? {
             self.count_end(r)?;
             let mut row = r.begin_array()?;
-            if !row.next(r)? {
-                return r.error(SHORT);
-            }
+            row.required(r, SHORT)?;
             let id = r.u32()?;
-            if !row.next(r)? {
-                return r.error(SHORT);
-            }
+            row.required(r, SHORT)?;
             let dir = direction(r)?;
-            if !row.next(r)? {
-                return r.error(SHORT);
-            }
+            row.required(r, SHORT)?;
             let bytes = r.u64()?;
             let mut tcp = None;
             if row.next(r)? {
@@ -670,9 +664,7 @@ fn tcp_row<R: Read>(r: &mut Reader<R>) -> json::Result<Option<Tcp>> {
         &mut t.segs_out,
         &mut t.pacing_rate_bps,
     ] {
-        if !a.next(r)? {
-            return r.error("a stream row with part of its TCP_INFO");
-        }
+        a.required(r, "a stream row with part of its TCP_INFO")?;
         *field = r.u64()?;
     }
     t.rtt_us = u32::try_from(rtt).or_else(|_| r.error("an RTT beyond 32 bits"))?;
