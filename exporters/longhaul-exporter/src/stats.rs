@@ -169,11 +169,12 @@ pub struct EngineApi {
     timeout: Duration,
     max_streams: usize,
     /// An engine that answered 400 to the rows view (one from before it):
-    /// its start time, and when it refused. It is asked for the series
-    /// view, without a refused request each time, until an engine that
-    /// started at another time answers, or for [`ROWS_RETRY`] (an engine
-    /// replaced by a newer one between the two requests).
-    without_rows: Mutex<Option<(f64, Instant)>>,
+    /// its start time (None until a series view has told it), and when it
+    /// refused. It is asked for the series view, without a refused request
+    /// each time, until an engine that started at another time answers, or
+    /// for [`ROWS_RETRY`] (an engine replaced by a newer one between the
+    /// two requests).
+    without_rows: Mutex<Option<(Option<f64>, Instant)>>,
 }
 
 impl EngineApi {
@@ -193,9 +194,9 @@ impl EngineApi {
     /// the same way).
     pub fn view(&self) -> anyhow::Result<EngineView> {
         let begun = Instant::now();
-        let older = *self.without_rows.lock().unwrap_or_else(|p| p.into_inner());
-        let ask_rows = older.is_none_or(|(_, since)| since.elapsed() >= ROWS_RETRY);
-        if ask_rows {
+        let remember = |state| *self.without_rows.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        let mut older = *self.without_rows.lock().unwrap_or_else(|p| p.into_inner());
+        if older.is_none_or(|(_, since)| since.elapsed() >= ROWS_RETRY) {
             match self.read_view(ROWS_VIEW_QUERY, self.timeout) {
                 Err(e) if httpclient::status(&e) == Some(400) => {
                     if older.is_none() {
@@ -204,10 +205,14 @@ impl EngineApi {
                             e.context("the rows view refused")
                         ));
                     }
+                    // Remembered now, whether or not the series view answers:
+                    // its start time is learnt from the first one that does.
+                    older = Some((None, Instant::now()));
+                    remember(older);
                 }
                 answer => {
                     if answer.is_ok() {
-                        *self.without_rows.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        remember(None);
                     }
                     return answer;
                 }
@@ -218,16 +223,15 @@ impl EngineApi {
             anyhow::bail!("no complete answer within {:?}", self.timeout);
         }
         let view = self.read_view(SERIES_VIEW_QUERY, left)?;
-        *self.without_rows.lock().unwrap_or_else(|p| p.into_inner()) = match older {
-            // The engine that refused, within ROWS_RETRY.
-            Some((started, since)) if !ask_rows && started == view.started_unix => {
-                Some((started, since))
+        remember(match older {
+            // The engine that refused (the first to answer since, when its
+            // start time is not known yet), within ROWS_RETRY.
+            Some((started, since)) if started.is_none_or(|s| s == view.started_unix) => {
+                Some((Some(view.started_unix), since))
             }
             // Another engine: it is asked for the rows view next time.
-            Some(_) if !ask_rows => None,
-            // Refused just now.
-            _ => Some((view.started_unix, Instant::now())),
-        };
+            _ => None,
+        });
         Ok(view)
     }
 

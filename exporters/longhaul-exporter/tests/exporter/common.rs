@@ -150,6 +150,9 @@ pub enum Behaviour {
     /// An engine from before the rows view: 400 to `?view=rows`, 200 with
     /// this body to any other request.
     WithoutRows(String),
+    /// As `WithoutRows`, but its first answer to another request is 503
+    /// (the engine busy just after it refused).
+    WithoutRowsBusyOnce(String),
     /// 200 with this body, after this long (the engine busy answering).
     Slow(String, Duration),
     /// These raw bytes, then close.
@@ -179,6 +182,7 @@ impl FakeEngine {
         let requests2 = Arc::clone(&requests);
         std::thread::spawn(move || {
             let mut held = Vec::new();
+            let mut busy_once = true;
             while !stop2.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((mut s, _)) => {
@@ -191,12 +195,22 @@ impl FakeEngine {
                         let line = String::from_utf8_lossy(&buf[..n]);
                         let line = line.lines().next().unwrap_or("");
                         match &behaviour {
-                            Behaviour::WithoutRows(_) if line.contains("view=rows") => {
+                            Behaviour::WithoutRows(_) | Behaviour::WithoutRowsBusyOnce(_)
+                                if line.contains("view=rows") =>
+                            {
                                 let _ = s.write_all(
                                     b"HTTP/1.1 400 Bad Request\r\nContent-Length: 13\r\n\r\nunknown view\n",
                                 );
                             }
-                            Behaviour::Body(b) | Behaviour::WithoutRows(b) => {
+                            Behaviour::WithoutRowsBusyOnce(_) if busy_once => {
+                                busy_once = false;
+                                let _ = s.write_all(
+                                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n\r\nbusy\n",
+                                );
+                            }
+                            Behaviour::Body(b)
+                            | Behaviour::WithoutRows(b)
+                            | Behaviour::WithoutRowsBusyOnce(b) => {
                                 let _ = write!(
                                     s,
                                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",

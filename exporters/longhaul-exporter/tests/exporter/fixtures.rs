@@ -106,6 +106,33 @@ fn an_engine_without_the_rows_view_is_asked_for_the_series_view_once_refused() {
 }
 
 #[test]
+fn a_refused_rows_view_is_remembered_even_when_the_series_request_fails() {
+    let body = fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
+    let engine = FakeEngine::start(Behaviour::WithoutRowsBusyOnce(body));
+    let mut args = fixture_args();
+    args.push(engine.url());
+    args.push("--no-collector.tcp".into());
+    args.push("--collector.engine.max-streams=4".into());
+    let exp = Exporter::start(&args);
+    // First scrape: the rows view refused, the series view answered 503.
+    let first = exp.scrape();
+    assert!(first.contains("longhaul_exporter_collector_success{collector=\"engine\"} 0"));
+    assert_eq!(engine.requests(), 2);
+    // Later scrapes ask for the series view alone, and the refusal was
+    // said once.
+    for _ in 0..3 {
+        assert!(exp
+            .scrape()
+            .contains("longhaul_exporter_collector_success{collector=\"engine\"} 1"));
+    }
+    assert_eq!(engine.requests(), 5, "a refused rows view was asked again");
+    assert_eq!(
+        exp.log_lines("asking this engine for the series view instead"),
+        1
+    );
+}
+
+#[test]
 fn promtool_accepts_the_fixture_scrape() {
     promtool_check(&fixture_scrape());
 }
