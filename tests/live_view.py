@@ -66,12 +66,12 @@ class LiveView:
             allowNoData=sorted(allow_nodata),
         )
 
-    def settle_with_data(self, timeout_s=90):
-        """Every panel with data (a MAY_BE_EMPTY one may say "No data"), the states
-        unchanged for 3 s: a panel's first answer may come before its variables'
-        (Perses asks with the variables' previous values, then again), so a panel
-        is given until `timeout_s` to draw its data."""
-        return self.settle("data", timeout_s, allow_nodata=MAY_BE_EMPTY)
+    def settle_with_data(self, timeout_s=90, may_be_empty=MAY_BE_EMPTY):
+        """Every panel with data (one titled in `may_be_empty` may say "No data"),
+        the states unchanged for 3 s: a panel's first answer may come before its
+        variables' (Perses asks with the variables' previous values, then again),
+        so a panel is given until `timeout_s` to draw its data."""
+        return self.settle("data", timeout_s, allow_nodata=may_be_empty)
 
     def settle_recovered(self, before, timeout_s=90):
         """After Prometheus's return: every panel of `before` out of its error, with
@@ -95,6 +95,14 @@ class LiveView:
                 assert panel is not None, "no panel %r:\n%s" % (title, describe(panels))
                 return panel
             time.sleep(0.5)
+
+    def click(self, selector):
+        """Click the first element `selector` finds; the page's path and search after."""
+        return self.send(cmd="click", selector=selector)
+
+    def text(self, selector):
+        """The text of the first element `selector` finds, once it is there."""
+        return self.send(cmd="text", selector=selector)["text"]
 
     def viewport(self, width, height):
         return self.send(cmd="viewport", width=width, height=height)
@@ -134,7 +142,7 @@ def panel_count(name):
     return len(board["spec"]["panels"])
 
 
-def not_all_data(name, settled):
+def not_all_data(name, settled, may_be_empty=MAY_BE_EMPTY):
     """None when every panel of the settled page of dashboard `name` is there (a
     panel out of view is not drawn at all: the count is checked) and drew data
     (a MAY_BE_EMPTY panel may say "No data"), and the page logged no error;
@@ -149,7 +157,7 @@ def not_all_data(name, settled):
     bad = [
         p
         for p in settled["panels"]
-        if p["state"] != "data" and not (p["title"] in MAY_BE_EMPTY and p["state"] == "nodata")
+        if p["state"] != "data" and not (p["title"] in may_be_empty and p["state"] == "nodata")
     ]
     if settled["held"] and not bad and not settled["consoleErrors"]:
         return None
@@ -168,6 +176,40 @@ def not_recovered(before, back):
     if back["held"] and not problems:
         return None
     return "after Prometheus came back:\n" + describe(back["panels"])
+
+
+def away_and_back(view, before, stop, start, says, timeout_s=90):
+    """With the page open (`before`: its panels settled with data): `stop()` the
+    store it reads; every panel must say `says`, the page staying up; `start()`
+    it again (also when that check fails); every panel must draw again without a
+    reload. Returns the panels while it was away, and what `start()` returned."""
+    stop()
+    try:
+        down = view.settle("error", timeout_s)
+    finally:
+        started = start()
+    assert down["held"], "not every panel says %r:\n%s" % (says, describe(down["panels"]))
+    unreadable = [p["title"] for p in down["panels"] if says not in p["text"]]
+    assert not unreadable, describe(down["panels"])
+    back = view.settle_recovered(before, timeout_s)
+    problem = not_recovered(before, back)
+    assert problem is None, problem
+    return down, started
+
+
+def each_dashboard(view, index, failures, shots, pages="", timeout_s=90):
+    """Each dashboard of `index` opened at `pages`/d/NAME (refreshed every 5 s) and
+    settled with data, its screenshot in `shots` (NAME.png, or central-NAME.png
+    for /central); what is not drawn goes to `failures`. Yields (entry, settled)
+    for the caller's own checks of that dashboard."""
+    for entry in index:
+        view.open("%s/d/%s?refresh=5s" % (pages, entry["name"]))
+        settled = view.settle_with_data(timeout_s)
+        view.screenshot(Path(shots) / ("%s%s.png" % (pages.strip("/") + "-" if pages else "", entry["name"])))
+        failure = not_all_data(entry["name"], settled)
+        if failure:
+            failures.append("%s%s" % (pages.strip("/") + " " if pages else "", failure))
+        yield entry, settled
 
 
 def describe(panels):

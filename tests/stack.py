@@ -50,6 +50,7 @@ RENDER = helpers.REPO / "lab" / "compose" / "render.yml"
 CACHE = Path(os.environ.get("LONGHAUL_CACHE") or "/var/cache/longhaul")
 VENV_BIN = CACHE / "venv" / "bin"
 PROMETHEUS = "/usr/bin/prometheus"
+VICTORIA_METRICS = "/usr/bin/victoria-metrics"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 INFLUXD = "/usr/bin/influxd"
 SNMPD = "/usr/sbin/snmpd"
@@ -174,7 +175,32 @@ class Stack:
         self.processes.wait_port(process, port)
         self.targets["node"] = "%s:%d" % (helpers.LOOPBACK, port)
 
-    def start_prometheus(self, rules_dir):
+    def start_victoriametrics(self):
+        """VictoriaMetrics (Debian's victoria-metrics, single node) with the flags the
+        victoriametrics role gives it, bar the latency offset (a scrape interval of
+        this stack's instead of 30 s); start_prometheus(remote_write=...) feeds it.
+        Returns its URL."""
+        port = helpers.free_port()
+        data = self._dir("victoriametrics")
+        process = self.processes.start(
+            "victoria-metrics",
+            [
+                require(VICTORIA_METRICS, "victoria-metrics"),
+                "-storageDataPath=%s" % data,
+                "-retentionPeriod=1d",
+                "-httpListenAddr=%s:%d" % (helpers.LOOPBACK, port),
+                "-dedup.minScrapeInterval=1ms",
+                "-search.latencyOffset=%ds" % SCRAPE_S,
+            ],
+        )
+        self.processes.wait_port(process, port)
+        url = "http://%s:%d" % (helpers.LOOPBACK, port)
+        helpers.wait_until(lambda: helpers.http_get(url + "/health"), 30, "VictoriaMetrics ready")
+        return url
+
+    def start_prometheus(self, rules_dir, remote_write=()):
+        """Prometheus scraping every target, with the rules of `rules_dir`, writing
+        each sample on to every Prometheus remote-write URL of `remote_write`."""
         port = helpers.free_port()
         data = self._dir("prometheus")
         scrape_configs = [
@@ -201,6 +227,9 @@ class Stack:
             },
             "rule_files": [str(Path(rules_dir).resolve() / "*.yml")],
             "scrape_configs": scrape_configs,
+            "remote_write": [
+                {"url": url, "queue_config": {"batch_send_deadline": "%ds" % SCRAPE_S}} for url in remote_write
+            ],
         }
         config_path = data / "prometheus.yml"
         # JSON is YAML: no YAML library needed.

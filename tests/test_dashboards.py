@@ -17,16 +17,19 @@ checks during a campaign (tests/lab/test_dashboards.py).
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.parse
 
 import pytest
 import yaml
 
 import helpers
 from dashboard_queries import Dashboard, empty_targets, load_dashboards, panels_of
-from live_view import LiveView, describe, not_all_data, not_recovered, start_live_view
+from live_view import MAY_BE_EMPTY, LiveView, away_and_back, describe, each_dashboard, not_all_data, start_live_view
 from stack import ROUTER, SCRAPE_S, SNMP_INTERFACES, Stack
 
 DASHBOARDS = helpers.REPO / "dashboards"
@@ -167,7 +170,9 @@ def live(module_processes, tmp_path_factory):
     stack.start_influxdb()
     stack.start_snmpd()
     stack.start_telegraf()
-    stack.start_prometheus(RULES)
+    # The central store the live view's central pages read: fed by this Prometheus.
+    stack.central_url = stack.start_victoriametrics()
+    stack.start_prometheus(RULES, remote_write=[stack.central_url + "/api/v1/write"])
     # Everything scraped at least twice before the transfer starts.
     helpers.wait_until(
         lambda: len(stack.promql("up == 1")) == len(stack.targets),
@@ -463,10 +468,20 @@ def test_router_counters_stale_watches_live_telegraf(live):
 # --- the live view: the Perses rendering in Chromium, through the role's nginx ----------
 
 
-def restart(processes, name):
-    """Start again, with the same command line, the process `name` stopped."""
+def stop(processes, name):
+    """Stop the process `name`."""
+    process = next(p for p in processes.started if p.name == name)
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def start_again(processes, name, ready_url):
+    """Start again, with the same command line, the process `name` stopped, and
+    wait until `ready_url` answers."""
     old = next(p for p in processes.started if p.name == name)
-    return processes.start(name, old.args)
+    process = processes.start(name, old.args)
+    helpers.wait_until(lambda: helpers.http_get(ready_url), 60, "%s back" % name)
+    return process
 
 
 def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, module_processes, tmp_path):
@@ -483,14 +498,7 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
     assert [entry["name"] for entry in index][0] == "transfer-overview"
     failures = []
     with LiveView(base) as view:
-        for entry in index:
-            view.open("/d/%s?refresh=5s" % entry["name"])
-            settled = view.settle_with_data(90)
-            view.screenshot(tmp_path / ("%s.png" % entry["name"]))
-            failure = not_all_data(entry["name"], settled)
-            if failure:
-                failures.append(failure)
-            panels = {p["title"]: p for p in settled["panels"]}
+        for entry, settled in each_dashboard(view, index, failures, tmp_path):
             if entry["name"] == "transfer-overview":
                 streams = view.panel_until("Per-stream throughput", lambda p: p["legendCount"] >= STREAMS)
                 assert streams["legendCount"] >= STREAMS, describe(settled["panels"])
@@ -518,20 +526,131 @@ def test_the_live_view_draws_every_dashboard_and_outlives_prometheus(live, modul
         assert not unfit, "charts not drawn again to their narrower boxes:\n" + "\n".join(unfit)
         before = view.settle_with_data(30)
         assert before["held"], describe(before["panels"])
-        prometheus = next(p for p in module_processes.started if p.name == "prometheus")
-        prometheus.terminate()
-        prometheus.wait(timeout=30)
-        try:
-            down = view.settle("error", 60)
-            view.screenshot(tmp_path / "prometheus-stopped.png")
-        finally:
-            restarted = restart(module_processes, "prometheus")
-            helpers.wait_until(lambda: helpers.http_get(stack.prometheus_url + "/-/ready"), 60, "Prometheus back")
+        down, restarted = away_and_back(
+            view,
+            before,
+            lambda: stop(module_processes, "prometheus"),
+            lambda: start_again(module_processes, "prometheus", stack.prometheus_url + "/-/ready"),
+            "Prometheus does not answer the live view",
+        )
         assert down["title"] == "longhaul / Transfer overview", (down["title"], describe(down["panels"]))
-        assert down["held"], "not every panel says Prometheus is away:\n" + describe(down["panels"])
-        unreadable = [p["title"] for p in down["panels"] if "Prometheus does not answer the live view" not in p["text"]]
-        assert not unreadable, describe(down["panels"])
-        back = view.settle_recovered(before, 90)
-        problem = not_recovered(before, back)
-        assert problem is None, problem
         module_processes.check_running(restarted)
+
+
+def test_the_live_view_s_central_pages_read_the_first_replica_that_answers(live, module_processes, tmp_path):
+    """The live view with a central store of two replicas: the first listed never
+    answers (nothing listens on its port), the second is a real VictoriaMetrics
+    that the stack's Prometheus remote-writes to. /live-view.json says there is a
+    central store; every central page (/central/d/NAME) draws every panel with data,
+    each query going to /central/api/ (POST bodies too, passed on to the second
+    replica when the first gives no answer) and none to the site's Prometheus; the
+    Site/Central switch leads from one to the other, keeping the time range.
+    VictoriaMetrics stopped: every panel says the central store does not answer,
+    and draws again when it is back. A live view without central URLs says so at
+    /central/ and answers 404 for its API."""
+    stack, run = live
+    # All of the memory run's streams in the central store: remote write is batched
+    # (and the run has ended: its series are stale, so looked back on).
+    streams = "last_over_time(longhaul_stream_bytes_total[1h])"
+    helpers.wait_until(
+        lambda: len(query_central(stack, streams)) >= STREAMS,
+        30,
+        "the memory run's streams in VictoriaMetrics",
+    )
+    # The first replica: a port of ours, bound and not listening (no other process can
+    # take it meanwhile): each connection to it is refused.
+    holder = socket.socket()
+    holder.bind((helpers.LOOPBACK, 0))
+    dead = "http://%s:%d" % holder.getsockname()
+    base = start_live_view(
+        module_processes, tmp_path / "nginx", stack.prometheus_url, tmp_path,
+        live_view_central_urls=[dead, stack.central_url],
+    )
+    assert helpers.get_json(base + "/live-view.json") == {"central": True, "central_replicas": 2}
+    # The API through the second replica, by GET and by POST (a form body, as the page sends).
+    answer = helpers.get_json(base + "/central/api/v1/query?query=vm_app_version")
+    assert answer["status"] == "success", answer
+    posted = json.loads(helpers.http_post(base + "/central/api/v1/query", {"query": "count(%s)" % streams}))
+    assert posted["data"]["result"][0]["value"][1] == str(len(query_central(stack, streams))), posted
+    index = helpers.get_json(base + "/dashboards/index.json")
+    failures = []
+    empty_on_site = {}
+    with LiveView(base) as view:
+        for entry in index:
+            # What the site's page shows now: the central page shows the same.
+            view.open("/d/%s?refresh=5s" % entry["name"])
+            empty = {p["title"] for p in view.settle("drawn", 90)["panels"] if p["state"] == "nodata"}
+            # The transfers have ended, and the engine forgets an ended session a
+            # minute later: the instant table of sessions is then empty on the
+            # central store at once, where Prometheus still shows its last minute
+            # (VictoriaMetrics ends a series at its staleness marker). It may be empty
+            # here only once the engine lists no session.
+            empty_on_site[entry["name"]] = empty | {SESSIONS_TABLE}
+            view.open("/central/d/%s?refresh=5s" % entry["name"])
+            settled = view.settle_with_data(90, may_be_empty=MAY_BE_EMPTY | empty_on_site[entry["name"]])
+            view.screenshot(tmp_path / ("central-%s.png" % entry["name"]))
+            failure = not_all_data(entry["name"], settled, MAY_BE_EMPTY | empty_on_site[entry["name"]])
+            if failure:
+                failures.append("central " + failure)
+            tables = [p for p in settled["panels"] if p["title"] == SESSIONS_TABLE and p["state"] == "nodata"]
+            listed = helpers.get_json("http://%s:%d/v1/sessions" % (helpers.LOOPBACK, stack.stats_port))["sessions"]
+            if SESSIONS_TABLE not in empty and tables and (len(tables) > 1 or listed):
+                failures.append("central %s: %d panels %r say No data while the engine lists %d sessions"
+                                % (entry["name"], len(tables), SESSIONS_TABLE, len(listed)))
+            asked = view.queries()
+            elsewhere = sorted({q["path"] for q in asked if not q["path"].startswith("/central/api/v1/")})
+            assert asked and not elsewhere, (entry["name"], elsewhere, len(asked))
+            if entry["name"] == "transfer-overview":
+                streams = view.panel_until("Per-stream throughput", lambda p: p["legendCount"] >= STREAMS)
+                assert streams["legendCount"] >= STREAMS, describe(settled["panels"])
+        assert not failures, "central panels not drawn with data:\n" + "\n".join(failures)
+        # The switch: from the central page to the site's, the time range kept.
+        view.open("/central/d/cpu?start=30m&refresh=5s")
+        view.settle_with_data(90)
+        switched = view.click("[data-testid=store-switch] a:has-text('Site')")
+        assert switched["path"] == "/d/cpu" and "start=30m" in switched["search"], switched
+        site = view.settle_with_data(90)
+        assert not_all_data("cpu", site) is None, describe(site["panels"])
+        # From here on (a refresh of 5 s later) the page asks the site's Prometheus only.
+        view.queries()
+        time.sleep(6)
+        assert {q["path"].split("/")[1] for q in view.queries()} == {"prometheus"}
+
+        view.open("/central/d/transfer-overview?refresh=5s")
+        before = view.settle_with_data(90, may_be_empty=MAY_BE_EMPTY | empty_on_site["transfer-overview"])
+        _, restarted = away_and_back(
+            view,
+            before,
+            lambda: stop(module_processes, "victoria-metrics"),
+            lambda: start_again(module_processes, "victoria-metrics", stack.central_url + "/health"),
+            "The central store does not answer the live view",
+        )
+        module_processes.check_running(restarted)
+
+    # Without central URLs: no central store, said at /central/, its API not there.
+    plain = start_live_view(module_processes, tmp_path / "nginx-plain", stack.prometheus_url, tmp_path)
+    assert helpers.get_json(plain + "/live-view.json") == {"central": False, "central_replicas": 0}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        helpers.http_get(plain + "/central/api/v1/query?query=up")
+    assert refused.value.code == 404
+    with LiveView(plain) as view:
+        view.open("/central/d/cpu")
+        # (after "Loading…", the same element)
+        message = helpers.wait_until(
+            lambda: (lambda text: "no central store" in text and text)(view.text("[data-testid=live-view-message]")),
+            30,
+            "the page saying there is no central store",
+        )
+        assert "open the site's pages" in message, message
+    holder.close()
+
+
+# The transfer overview's table of current sessions (and its chart of them).
+SESSIONS_TABLE = "Sessions"
+
+
+def query_central(stack, expr):
+    """An instant PromQL query to the stack's VictoriaMetrics; its result list."""
+    answer = helpers.get_json(stack.central_url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]

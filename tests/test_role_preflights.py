@@ -493,6 +493,21 @@ LIVE_VIEW_TLS = {"live_view_tls_cert_file": TLS["cert_file"], "live_view_tls_key
         ({"live_view_app_src": "/nonexistent"}, "run make build"),
         ({"live_view_prometheus_url": "https://127.0.0.1:9090"}, "checks a certificate against a DNS name only"),
         ({"live_view_prometheus_url": "https://[::1]:9090"}, "checks a certificate against a DNS name only"),
+        ({"live_view_central_urls": "https://central:8427"}, "must be a list of at most 8 different URLs"),
+        ({"live_view_central_urls": ["https://central:8427/api/v1"]}, "must be a list of at most 8 different URLs"),
+        ({"live_view_central_urls": ["https://c%d:8427" % i for i in range(9)]}, "at most 10 internal redirects"),
+        ({"live_view_central_urls": ["https://10.0.0.2:8427"], "live_view_central_server_names": ["10.0.0.2"]},
+         "not IP addresses"),
+        ({**LIVE_VIEW_TLS, "live_view_users": {"admin": "p" * 32}, "live_view_central_urls": ["http://central:8428"]},
+         "must be https"),
+        ({"live_view_central_urls": ["https://central:8427", "https://central:8427"]}, "different URLs"),
+        ({"live_view_central_urls": ["https://central:8427"], "live_view_central_server_names": ["a", "b"]},
+         "no longer than the URLs"),
+        ({"live_view_central_urls": ["https://central:8427"], "live_view_central_server_names": ["a b"]},
+         "a list of DNS"),
+        ({"live_view_central_urls": ["https://central:99999"]}, "the port must be 1-65535"),
+        ({"live_view_central_urls": ["https://central:8427", "https://10.0.0.2:8427"],
+          "live_view_central_server_names": ["central"]}, "checks a certificate against a DNS name only"),
     ],
     ids=[
         "users-without-tls",
@@ -508,6 +523,16 @@ LIVE_VIEW_TLS = {"live_view_tls_cert_file": TLS["cert_file"], "live_view_tls_key
         "not-built",
         "ip-without-name",
         "ipv6-without-name",
+        "central-not-a-list",
+        "central-url-path",
+        "central-nine",
+        "central-name-ip",
+        "central-login-in-clear",
+        "central-twice",
+        "central-names-longer",
+        "central-name-space",
+        "central-port-too-big",
+        "central-ip-without-name",
     ],
 )
 def test_the_live_view_role_refuses_what_nginx_cannot_serve_safely(tmp_path, overrides, says):
@@ -527,6 +552,9 @@ def test_the_live_view_role_takes_what_site_yml_gives_it(tmp_path):
         live_view_prometheus_url="https://127.0.0.1:9090",
         live_view_prometheus_ca_file="/usr/local/share/ca-certificates/longhaul-ca.crt",
         live_view_prometheus_server_name="localhost",
+        live_view_central_urls=["https://10.77.1.200:8427", "https://10.77.1.201:8427"],
+        live_view_central_ca_file="/usr/local/share/ca-certificates/longhaul-ca.crt",
+        live_view_central_server_names=["central", "central2"],
     )
     assert passed, output[-3000:]
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from dashboard_queries import Dashboard, empty_targets, load_dashboards
 from labkit import INFLUX_MIN_S, REPO, SCRAPE_S, Lab, admin, epoch, wait_until
-from live_view import LiveView, describe, not_all_data, not_recovered
+from live_view import LiveView, describe, each_dashboard, not_all_data, not_recovered
 
 CAMPAIGN = "disk-2-controllers"
 # The live memory transfer the panels are queried during (a run of a campaign
@@ -306,14 +306,7 @@ def test_the_live_view_draws_every_panel_during_a_campaign(provisioned, transfer
     SHOTS.mkdir(parents=True, exist_ok=True)
     failures = []
     with LiveView(base, *admin()) as view:
-        for entry in index:
-            view.open("/d/%s?refresh=5s" % entry["name"])
-            settled = view.settle_with_data(DRAWN_S)
-            view.screenshot(SHOTS / ("%s.png" % entry["name"]))
-            panels = {p["title"]: p for p in settled["panels"]}
-            failure = not_all_data(entry["name"], settled)
-            if failure:
-                failures.append(failure)
+        for entry, _ in each_dashboard(view, index, failures, SHOTS, timeout_s=DRAWN_S):
             if entry["name"] == "transfer-overview":
                 # "session/stream": the live run's streams and the disk campaign's
                 streams = view.panel_until("Per-stream throughput", lambda p: p["legendCount"] >= LIVE_STREAMS)
@@ -322,6 +315,62 @@ def test_the_live_view_draws_every_panel_during_a_campaign(provisioned, transfer
                 traffic = view.panel_until("Traffic per interface", lambda p: len(interfaces_of(p["legend"])) >= 2)
                 assert len(interfaces_of(traffic["legend"])) >= 2, traffic["legend"]
     assert not failures, "panels not drawn with data:\n" + "\n".join(failures)
+
+
+def test_the_live_view_s_central_pages_show_both_sites_and_outlive_the_first_replica(provisioned, transfers):
+    """The live view's central pages (/central/d/NAME) on the monitor during the
+    campaign, read from the central store (the replicas in turn, each checked for
+    its inventory name, with the viewer's login): /live-view.json lists two
+    replicas; every panel of every dashboard draws data, every query goes to
+    /central/api/, and the store answers for both sites. The first replica's
+    VictoriaMetrics stopped (its nginx answers 502): the API answers the same and
+    the transfer overview draws every panel again, from the second replica."""
+    lab = provisioned
+    base = "https://%s:%d" % (lab.monitor, LIVE_VIEW_PORT)
+    assert Lab.get_json(base + "/live-view.json", auth=admin()) == {"central": True, "central_replicas": 2}
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    sites_expr = {"query": 'group by (site) (up{site!=""})'}
+
+    def central_sites():
+        answer = Lab.get_json(base + "/central/api/v1/query", params=sites_expr, auth=admin())
+        return {s["metric"]["site"] for s in answer["data"]["result"]}
+
+    assert central_sites() >= {"a", "b"}
+    index = Lab.get_json(base + "/dashboards/index.json", auth=admin())
+    failures = []
+    with LiveView(base, *admin()) as view:
+        for entry, _ in each_dashboard(view, index, failures, SHOTS, pages="/central", timeout_s=DRAWN_S):
+            asked = view.queries()
+            elsewhere = sorted({q["path"] for q in asked if not q["path"].startswith("/central/api/v1/")})
+            assert asked and not elsewhere, (entry["name"], elsewhere, len(asked))
+            if entry["name"] == "transfer-overview":
+                streams = view.panel_until("Per-stream throughput", lambda p: p["legendCount"] >= LIVE_STREAMS)
+                assert streams["legendCount"] >= LIVE_STREAMS, streams
+        assert not failures, "central panels not drawn with data:\n" + "\n".join(failures)
+
+        lab.sh("central", "systemctl stop victoria-metrics")
+        try:
+            assert central_sites() >= {"a", "b"}
+            view.open("/central/d/transfer-overview?refresh=5s")
+            during = view.settle_with_data(DRAWN_S)
+            view.screenshot(SHOTS / "central-transfer-overview-first-replica-stopped.png")
+            failure = not_all_data("transfer-overview", during)
+            # refreshes go on answering (5 s each): still every panel with data
+            time.sleep(12)
+            later = view.settle_with_data(DRAWN_S)
+        finally:
+            lab.sh("central", "systemctl start victoria-metrics")
+        assert failure is None, "with the first replica stopped: " + failure
+        assert not_all_data("transfer-overview", later) is None, describe(later["panels"])
+    wait_until(lambda: lab.promql("vm_app_version", url=lab.central_urls[0]), 60, "the first replica back")
+    # what the monitor kept for it written, before the next test reads it
+    wait_until(
+        lambda: (lambda lags: len(lags) == 2 and all(float(s["value"][1]) < 15 for s in lags))(
+            lab.promql("longhaul:remote_write_lag:seconds")
+        ),
+        180,
+        "the monitor's queues to both replicas current",
+    )
 
 
 def interfaces_of(legend):

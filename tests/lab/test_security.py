@@ -267,9 +267,9 @@ def test_prometheus_and_alertmanager_answer_their_users_only(provisioned):
 
 def test_the_live_view_and_its_prometheus_answer_admin_only(provisioned):
     """The live view on the monitor (roles/live_view, port 8443): its page,
-    its dashboards and the Prometheus read API it passes on, each 401 from
-    the router without the password, with a wrong one or a wrong user, and
-    nothing over plain HTTP."""
+    its dashboards, the Prometheus read API and the central store's it passes
+    on, and what it says it has, each 401 from the router without the
+    password, with a wrong one or a wrong user, and nothing over plain HTTP."""
     lab = provisioned
     admin = (SECRETS / "credentials" / "admin").read_text().strip()
     base = "https://%s:8443" % lab.address["monitor"]
@@ -277,6 +277,8 @@ def test_the_live_view_and_its_prometheus_answer_admin_only(provisioned):
         ("/", "longhaul live view"),
         ("/dashboards/index.json", '"transfer-overview"'),
         ("/prometheus/api/v1/query?query=up", '"resultType"'),
+        ("/central/api/v1/query?query=up", '"resultType"'),
+        ("/live-view.json", '"central":true'),
     ):
         refused_without_the_password(lab, base + path, "admin", admin, body)
 

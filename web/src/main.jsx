@@ -1,8 +1,9 @@
 // longhaul's live view: the Perses rendering of our dashboards
 // (dashboards/perses/, written by dashboards/generate.py) drawn by Perses's
 // own components against the Prometheus that the web server proxies under
-// /prometheus on this origin. No server of ours: the page, the dashboards and
-// the Prometheus API come from one nginx (roles/live_view).
+// /prometheus on this origin, or (pages under /central/) against the central
+// store of many sites that it proxies under /central. No server of ours: the
+// page, the dashboards and both APIs come from one nginx (roles/live_view).
 import React, { createContext, useContext, useEffect, useMemo, useState } from 'react';
 import { createRoot } from 'react-dom/client';
 import { BrowserRouter, Link, Navigate, Route, Routes, useLocation, useParams } from 'react-router-dom';
@@ -19,73 +20,94 @@ import * as statChartPlugin from '@perses-dev/stat-chart-plugin';
 import * as tablePlugin from '@perses-dev/table-plugin';
 import * as statusHistoryChartPlugin from '@perses-dev/status-history-chart-plugin';
 
-// Where the page finds Prometheus's API: this origin, path /prometheus (nginx
-// proxies it, with the viewer's own login passed on).
-const PROMETHEUS_PATH = '/prometheus';
 // Prometheus's scrape interval in our roles (prometheus_scrape_interval): the
 // least step of $__rate_interval, as in Grafana's data source.
 const SCRAPE_INTERVAL = '15s';
 
-const prometheus = {
-  kind: 'GlobalDatasource',
-  metadata: { name: 'prometheus' },
-  spec: {
-    default: true,
-    plugin: { kind: 'PrometheusDatasource', spec: { directUrl: PROMETHEUS_PATH, scrapeInterval: SCRAPE_INTERVAL } },
-  },
+// The stores the page reads, each a Prometheus API on this origin (nginx proxies
+// it, with the viewer's own login passed on): this site's Prometheus, and the
+// central store of many sites (roles/victoriametrics: the first replica that
+// answers), whose pages are those under /central/. The web server says in
+// /live-view.json whether it has a central store.
+// A store's `waitMs`: how long its health check waits for an answer (nginx asks
+// the central store's replicas in turn, each given 3 s to connect).
+const STORES = {
+  site: { key: 'site', pages: '', api: '/prometheus', label: 'Site', what: 'Prometheus', waitMs: 5000 },
+  central: { key: 'central', pages: '/central', api: '/central', label: 'Central', what: 'The central store', waitMs: 10000 },
 };
 
-// The one data source every dashboard reads.
-const datasourceApi = {
-  buildProxyUrl: () => PROMETHEUS_PATH,
-  getDatasource: () => Promise.resolve(undefined),
-  getGlobalDatasource: () => Promise.resolve(prometheus),
-  listDatasources: () => Promise.resolve([]),
-  listGlobalDatasources: () => Promise.resolve([prometheus]),
-};
+function storeOf(pathname) {
+  return pathname === '/central' || pathname.startsWith('/central/') ? STORES.central : STORES.site;
+}
 
-// Whether Prometheus answers, asked every few seconds apart from the panels' own
-// queries: a panel whose query fails after it had drawn keeps its old drawing in
-// Perses (the error only as an icon in its header, or late on a busy page), so
-// while Prometheus does not answer every panel says so instead, in words. "Away"
-// is what says Prometheus is: no answer, 502/503/504 (our nginx's JSON when it
-// gets none), twice in a row so one lost request blanks nothing. A refused login
-// (401) says so; a request over the rate limit (429) is no news about Prometheus.
+// The one data source every dashboard of a store reads, and its answers' cache:
+// one per store, as the queries of both stores are the same and so are their keys.
+function sourceOf(store) {
+  const datasource = {
+    kind: 'GlobalDatasource',
+    metadata: { name: 'prometheus' },
+    spec: {
+      default: true,
+      plugin: { kind: 'PrometheusDatasource', spec: { directUrl: store.api, scrapeInterval: SCRAPE_INTERVAL } },
+    },
+  };
+  return {
+    api: {
+      buildProxyUrl: () => store.api,
+      getDatasource: () => Promise.resolve(undefined),
+      getGlobalDatasource: () => Promise.resolve(datasource),
+      listDatasources: () => Promise.resolve([]),
+      listGlobalDatasources: () => Promise.resolve([datasource]),
+    },
+    queries: newQueryClient(),
+  };
+}
+
+// Whether the store (Prometheus, or the central store) answers, asked every few
+// seconds apart from the panels' own queries: a panel whose query fails after it
+// had drawn keeps its old drawing in Perses (the error only as an icon in its
+// header, or late on a busy page), so while the store does not answer every panel
+// says so instead, in words. "Away" is what says the store is: no answer,
+// 502/503/504 (our nginx's JSON when it gets none), twice in a row so one lost
+// request blanks nothing. A refused login (401) says so; a request over the rate
+// limit (429) is no news about the store.
 const HEALTH_EVERY_MS = 5000;
 const PrometheusAway = createContext(null);
 
-async function askPrometheus() {
+async function askStore(store) {
   const abort = new AbortController();
-  const timer = setTimeout(() => abort.abort(), HEALTH_EVERY_MS);
+  const timer = setTimeout(() => abort.abort(), store.waitMs);
   try {
-    const response = await fetch(`${PROMETHEUS_PATH}/api/v1/status/buildinfo`, {
+    const response = await fetch(`${store.api}/api/v1/status/buildinfo`, {
       credentials: 'same-origin',
       signal: abort.signal,
     });
     if (response.ok || response.status === 429) return { away: null };
     if (response.status === 401) {
-      return { away: 'The login was refused (401): reload the page and log in again.', now: true };
+      return { away: `${store.what} refused the login (401): reload the page and log in again, as a user it knows.`, now: true };
     }
     const body = await response.json().catch(() => ({}));
     if ([502, 503, 504].includes(response.status)) {
-      return { away: body.error || `Prometheus does not answer the live view (${response.status})` };
+      return { away: body.error || `${store.what} does not answer the live view (${response.status})` };
     }
     return { away: null };
   } catch (error) {
-    return { away: `Prometheus does not answer the live view: ${error.name === 'AbortError' ? 'no answer in 5 s' : error.message}` };
+    const late = `no answer in ${store.waitMs / 1000} s`;
+    return { away: `${store.what} does not answer the live view: ${error.name === 'AbortError' ? late : error.message}` };
   } finally {
     clearTimeout(timer);
   }
 }
 
-function usePrometheusAway() {
+function useStoreAway(store) {
   const [away, setAway] = useState(null);
   useEffect(() => {
     let live = true;
     let timer;
     let failures = 0;
+    setAway(null);
     const ask = async () => {
-      const { away: problem, now } = await askPrometheus();
+      const { away: problem, now } = await askStore(store);
       if (!live) return;
       failures = problem ? failures + 1 : 0;
       setAway(problem && (now || failures >= 2) ? problem : null);
@@ -96,7 +118,7 @@ function usePrometheusAway() {
       live = false;
       clearTimeout(timer);
     };
-  }, []);
+  }, [store]);
   return away;
 }
 
@@ -159,9 +181,13 @@ const pluginLoader = dynamicImportPluginLoader(
 // without it every panel blanks to a skeleton until its new answer, and on a
 // busy Prometheus (answers slower than the refresh) never draws at all. A
 // failed query still shows its error (react-query keeps no data over an error).
-const queryClient = new QueryClient({
-  defaultOptions: { queries: { refetchOnWindowFocus: false, retry: 0, staleTime: Infinity, keepPreviousData: true } },
-});
+function newQueryClient() {
+  return new QueryClient({
+    defaultOptions: { queries: { refetchOnWindowFocus: false, retry: 0, staleTime: Infinity, keepPreviousData: true } },
+  });
+}
+const queryClient = newQueryClient();
+const SOURCES = { site: sourceOf(STORES.site), central: sourceOf(STORES.central) };
 
 const muiTheme = getTheme('light');
 const chartsTheme = generateChartsTheme(muiTheme, {});
@@ -215,7 +241,7 @@ function withDefaults(search, spec) {
   return params.toString() === given ? null : `?${params.toString()}`;
 }
 
-function DashboardPage() {
+function DashboardPage({ store }) {
   const { name } = useParams();
   const location = useLocation();
   const { data, error } = useJson(`/dashboards/${encodeURIComponent(name)}.json`);
@@ -223,36 +249,53 @@ function DashboardPage() {
   if (!data) return <Message>Loading {name}…</Message>;
   const search = withDefaults(location.search, data.spec);
   if (search !== null) return <Navigate to={{ pathname: location.pathname, search, hash: location.hash }} replace />;
+  const source = SOURCES[store.key];
   return (
     <ErrorBoundary FallbackComponent={ErrorAlert}>
-      <ViewDashboard
-        key={name}
-        dashboardResource={data}
-        datasourceApi={datasourceApi}
-        isReadonly={true}
-        isVariableEnabled={true}
-        isDatasourceEnabled={false}
-        isInitialVariableSticky={true}
-        dashboardTitleComponent={
-          <Typography variant="h2" component="h1" data-testid="dashboard-title">
-            {data.spec.display.name}
-          </Typography>
-        }
-        sx={{ height: 'calc(100vh - 48px)' }}
-      />
+      <QueryClientProvider client={source.queries}>
+        <ViewDashboard
+          key={`${store.key}/${name}`}
+          dashboardResource={data}
+          datasourceApi={source.api}
+          isReadonly={true}
+          isVariableEnabled={true}
+          isDatasourceEnabled={false}
+          isInitialVariableSticky={true}
+          dashboardTitleComponent={
+            <Typography variant="h2" component="h1" data-testid="dashboard-title">
+              {data.spec.display.name}
+            </Typography>
+          }
+          sx={{ height: 'calc(100vh - 48px)' }}
+        />
+      </QueryClientProvider>
     </ErrorBoundary>
   );
 }
 
-function Navigation({ index }) {
+// The same dashboard of the other store (the site's page of a central one and
+// back), with the time range and refresh kept.
+function otherStore(location, store, other) {
+  const page = location.pathname.slice(store.pages.length);
+  return { pathname: `${other.pages}${page.startsWith('/d/') ? page : '/'}`, search: keepTime(location.search) };
+}
+
+function Navigation({ index, store, central }) {
   const location = useLocation();
-  const current = index.find((entry) => location.pathname === `/d/${entry.name}`);
+  const current = index.find((entry) => location.pathname === `${store.pages}/d/${entry.name}`);
   return (
     <AppBar position="static" color="default" elevation={1}>
       <Toolbar variant="dense" sx={{ gap: 2 }}>
         <Typography variant="subtitle1" component="span" sx={{ fontWeight: 600 }}>
           longhaul live view
         </Typography>
+        {central && (
+          <Tabs value={store.key} data-testid="store-switch" aria-label="store">
+            {[STORES.site, STORES.central].map((other) => (
+              <Tab key={other.key} value={other.key} label={other.label} component={Link} to={otherStore(location, store, other)} />
+            ))}
+          </Tabs>
+        )}
         <Tabs value={current ? current.name : false} variant="scrollable" scrollButtons="auto">
           {index.map((entry) => (
             // Keep the time range and refresh; variables differ per dashboard.
@@ -261,13 +304,13 @@ function Navigation({ index }) {
               value={entry.name}
               label={entry.title}
               component={Link}
-              to={{ pathname: `/d/${entry.name}`, search: keepTime(location.search) }}
+              to={{ pathname: `${store.pages}/d/${entry.name}`, search: keepTime(location.search) }}
             />
           ))}
         </Tabs>
         <Box sx={{ flexGrow: 1 }} />
-        <MuiLink href={`${PROMETHEUS_PATH}/api/v1/status/buildinfo`} underline="hover" variant="caption">
-          Prometheus API
+        <MuiLink href={`${store.api}/api/v1/status/buildinfo`} underline="hover" variant="caption">
+          {store.key === 'central' ? 'Central store API' : 'Prometheus API'}
         </MuiLink>
       </Toolbar>
     </AppBar>
@@ -284,18 +327,60 @@ function keepTime(search) {
   return text ? `?${text}` : '';
 }
 
+// What the web server has (roles/live_view writes it): whether a central store is
+// behind /central. A server without it (an older role: 404, or the application's
+// page instead of JSON) has none; any other failure (a 429, no answer) is asked
+// again a few seconds later, meanwhile as if there were none.
+const SERVER_RETRY_MS = 5000;
+
+function useServer() {
+  const [server, setServer] = useState(undefined);
+  useEffect(() => {
+    let live = true;
+    let timer;
+    const ask = async () => {
+      let known = null;
+      try {
+        const response = await fetch('/live-view.json', { credentials: 'same-origin' });
+        if (response.status === 404) known = { central: false };
+        else if (response.ok) known = await response.json().then((data) => ({ central: data.central === true }), () => ({ central: false }));
+      } catch (error) {
+        known = null;
+      }
+      if (!live) return;
+      setServer(known || { central: false, unsure: true });
+      if (!known) timer = setTimeout(ask, SERVER_RETRY_MS);
+    };
+    ask();
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, []);
+  return server;
+}
+
 function App() {
-  const away = usePrometheusAway();
+  const location = useLocation();
+  const store = storeOf(location.pathname);
+  const away = useStoreAway(store);
+  const server = useServer();
   const { data: index, error } = useJson('/dashboards/index.json');
   const first = useMemo(() => (index && index.length ? index[0].name : undefined), [index]);
   if (error) return <Message>The list of dashboards could not be loaded: {error.message}</Message>;
-  if (!index) return <Message>Loading…</Message>;
+  if (!index || !server) return <Message>Loading…</Message>;
+  if (store.key === 'central' && !server.central) {
+    if (server.unsure) return <Message>Asking the web server whether it has a central store…</Message>;
+    return <Message>This live view has no central store (its web server proxies none): open the site's pages at /.</Message>;
+  }
+  const start = first ? <Navigate to={`${store.pages}/d/${first}`} replace /> : <Message>No dashboards.</Message>;
   return (
     <PrometheusAway.Provider value={away}>
-      <Navigation index={index} />
+      <Navigation index={index} store={store} central={server.central} />
       <Routes>
-        <Route path="/d/:name" element={<DashboardPage />} />
-        <Route path="*" element={first ? <Navigate to={`/d/${first}`} replace /> : <Message>No dashboards.</Message>} />
+        <Route path="/d/:name" element={<DashboardPage store={STORES.site} />} />
+        <Route path="/central/d/:name" element={<DashboardPage store={STORES.central} />} />
+        <Route path="*" element={start} />
       </Routes>
     </PrometheusAway.Provider>
   );

@@ -16,7 +16,9 @@
 //        (the time to draw every panel), from the settle and from the last open
 //   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
 //   {"cmd": "viewport", "width": W, "height": H}   the window's new size
-//   {"cmd": "queries"}                             Prometheus requests since "open" or the last "queries"
+//   {"cmd": "click", "selector": CSS}               click what it finds; answers the page's path and search after
+//   {"cmd": "text", "selector": CSS}                the text of what it finds, once it is there
+//   {"cmd": "queries"}                             Prometheus API requests (either store) since "open" or the last "queries"
 //   {"cmd": "heap"}                                the page's JS heap (bytes used)
 //   {"cmd": "quit"}
 // A panel's state: "loading" (its first answer not in: a skeleton), "error"
@@ -60,7 +62,10 @@ page.on('pageerror', (error) => consoleErrors.push(`pageerror: ${error.message}`
 let queries = [];
 page.on('request', (request) => {
   const url = new URL(request.url());
-  if (url.pathname.startsWith('/prometheus/')) queries.push({ path: url.pathname, body: request.postData() || url.search });
+  // Both stores' APIs: the site's Prometheus (/prometheus/) and the central store (/central/api/).
+  if (url.pathname.startsWith('/prometheus/') || url.pathname.startsWith('/central/api/')) {
+    queries.push({ path: url.pathname, body: request.postData() || url.search });
+  }
 });
 const client = await context.newCDPSession(page);
 
@@ -150,10 +155,13 @@ for await (const line of commands) {
   try {
     switch (command.cmd) {
       case 'open':
-        queries = [];
         consoleErrors.length = 0;
         openedAt = Date.now();
-        await page.goto(config.base + command.path, { waitUntil: 'load' });
+        await page.goto(config.base + command.path, { waitUntil: 'commit' });
+        // What the old page asked up to its end (a health check's timer) is not
+        // this page's: counted from the new document on.
+        queries = [];
+        await page.waitForLoadState('load');
         answer = { ok: true, url: page.url() };
         break;
       case 'settle':
@@ -166,6 +174,19 @@ for await (const line of commands) {
           return title ? title.textContent : null;
         });
         answer.consoleErrors = consoleErrors.slice(0, 20);
+        break;
+      case 'click': {
+        // a link or button of the page (a CSS selector, Playwright's :has-text too); the page's path after it
+        await page.locator(command.selector).first().click({ timeout: command.timeoutMs || 30000 });
+        await page.waitForLoadState('load');
+        const url = new URL(page.url());
+        answer = { ok: true, path: url.pathname, search: url.search };
+        break;
+      }
+      case 'text':
+        // the text of the first element a selector finds, once it is there
+        await page.locator(command.selector).first().waitFor({ timeout: command.timeoutMs || 30000 });
+        answer = { ok: true, text: await page.locator(command.selector).first().innerText() };
         break;
       case 'viewport':
         await page.setViewportSize({ width: command.width, height: command.height });
