@@ -55,8 +55,15 @@ const context = await chromium.launchPersistentContext(profile, {
 });
 const page = context.pages()[0] || (await context.newPage());
 const consoleErrors = [];
+// A request Chromium cancelled because the host's network changed (another test
+// creating or removing an interface, namespace or container on this machine:
+// Chromium watches the host's addresses) says nothing about the page; the panel it
+// fed is judged by its state. Counted, not taken as the page's error.
+let networkChanges = 0;
 page.on('console', (message) => {
-  if (message.type() === 'error') consoleErrors.push(message.text().slice(0, 300));
+  if (message.type() !== 'error') return;
+  if (message.text().includes('net::ERR_NETWORK_CHANGED')) networkChanges += 1;
+  else consoleErrors.push(message.text().slice(0, 300));
 });
 page.on('pageerror', (error) => consoleErrors.push(`pageerror: ${error.message}`.slice(0, 300)));
 let queries = [];
@@ -174,6 +181,7 @@ for await (const line of commands) {
           return title ? title.textContent : null;
         });
         answer.consoleErrors = consoleErrors.slice(0, 20);
+        answer.networkChanges = networkChanges;
         break;
       case 'click': {
         // a link or button of the page (a CSS selector, Playwright's :has-text too); the page's path after it
