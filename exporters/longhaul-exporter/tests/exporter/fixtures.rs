@@ -10,12 +10,16 @@ use crate::common::*;
 fn fixture_scrape() -> String {
     let body = fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
     let engine = FakeEngine::start(Behaviour::Body(body));
+    exporter_of(&engine).scrape()
+}
+
+/// An exporter of the fixture server reading `engine`, tcp off.
+fn exporter_of(engine: &FakeEngine) -> Exporter {
     let mut args = fixture_args();
     args.push(engine.url());
     args.push("--no-collector.tcp".into());
     args.push("--collector.engine.max-streams=4".into());
-    let exp = Exporter::start(&args);
-    exp.scrape()
+    Exporter::start(&args)
 }
 
 /// Durations change every scrape; everything else is deterministic.
@@ -62,11 +66,7 @@ fn fixture_rows() -> String {
 }
 
 fn scrape_of(engine: &FakeEngine) -> (Exporter, String) {
-    let mut args = fixture_args();
-    args.push(engine.url());
-    args.push("--no-collector.tcp".into());
-    args.push("--collector.engine.max-streams=4".into());
-    let exp = Exporter::start(&args);
+    let exp = exporter_of(engine);
     let scrape = without_durations(&exp.scrape());
     (exp, scrape)
 }
@@ -109,11 +109,7 @@ fn an_engine_without_the_rows_view_is_asked_for_the_series_view_once_refused() {
 fn a_refused_rows_view_is_remembered_even_when_the_series_request_fails() {
     let body = fs::read_to_string(exporter_fixtures().join("sessions.json")).unwrap();
     let engine = FakeEngine::start(Behaviour::WithoutRowsBusyOnce(body));
-    let mut args = fixture_args();
-    args.push(engine.url());
-    args.push("--no-collector.tcp".into());
-    args.push("--collector.engine.max-streams=4".into());
-    let exp = Exporter::start(&args);
+    let exp = exporter_of(&engine);
     // First scrape: the rows view refused, the series view answered 503.
     let first = exp.scrape();
     assert!(first.contains("longhaul_exporter_collector_success{collector=\"engine\"} 0"));
