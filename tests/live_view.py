@@ -87,12 +87,12 @@ class LiveView:
         screenshot taken next showed them)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            panels = self.settle("drawn", 30, stable_s=0)["panels"]
-            panel = next((p for p in panels if p["title"] == title), None)
+            settled = self.settle("drawn", 30, stable_s=0)
+            panel = next((p for p in settled["panels"] if p["title"] == title), None)
             if panel is not None and holds(panel):
                 return panel
             if time.monotonic() > deadline:
-                assert panel is not None, "no panel %r:\n%s" % (title, describe(panels))
+                assert panel is not None, "no panel %r:\n%s" % (title, describe(settled))
                 return panel
             time.sleep(0.5)
 
@@ -152,7 +152,7 @@ def not_all_data(name, settled, may_be_empty=MAY_BE_EMPTY):
             name,
             len(settled["panels"]),
             panel_count(name),
-            describe(settled["panels"]),
+            describe(settled),
         )
     bad = [
         p
@@ -161,7 +161,7 @@ def not_all_data(name, settled, may_be_empty=MAY_BE_EMPTY):
     ]
     if settled["held"] and not bad and not settled["consoleErrors"]:
         return None
-    return "%s (%d ms, console %s):\n%s" % (name, settled["ms"], settled["consoleErrors"], describe(settled["panels"]))
+    return "%s (console %s):\n%s" % (name, settled["consoleErrors"], describe(settled))
 
 
 def not_recovered(before, back):
@@ -175,7 +175,7 @@ def not_recovered(before, back):
     problems += [p for p in back["panels"] if p["title"] in charts - drawn]
     if back["held"] and not problems:
         return None
-    return "after Prometheus came back:\n" + describe(back["panels"])
+    return "after Prometheus came back:\n" + describe(back)
 
 
 def away_and_back(view, before, stop, start, says, timeout_s=90):
@@ -188,9 +188,9 @@ def away_and_back(view, before, stop, start, says, timeout_s=90):
         down = view.settle("error", timeout_s)
     finally:
         started = start()
-    assert down["held"], "not every panel says %r:\n%s" % (says, describe(down["panels"]))
+    assert down["held"], "not every panel says %r:\n%s" % (says, describe(down))
     unreadable = [p["title"] for p in down["panels"] if says not in p["text"]]
-    assert not unreadable, describe(down["panels"])
+    assert not unreadable, describe(down)
     back = view.settle_recovered(before, timeout_s)
     problem = not_recovered(before, back)
     assert problem is None, problem
@@ -212,11 +212,19 @@ def each_dashboard(view, index, failures, shots, pages="", timeout_s=90):
         yield entry, settled
 
 
-def describe(panels):
-    """One line per panel: state, title, first legend entries or text."""
-    return "\n".join(
-        "  %-7s %s: %s" % (p["state"], p["title"], (p["legend"][:4] or [p["text"][:120]]))
-        for p in panels
+def describe(settled):
+    """A settle's answer for a failed check: whether the panels held still and in
+    how long, the panels whose state changed meanwhile (their states in order),
+    then one line per panel (state, title, first legend entries or text), those
+    not drawn with data first: a long message is cut in CI's summary."""
+    panels = sorted(settled["panels"], key=lambda p: p["state"] == "data")
+    return "held %s, first in %d ms; states changed: %s\n%s" % (
+        settled["held"],
+        settled["ms"],
+        settled.get("changes") or "none",
+        "\n".join(
+            "  %-7s %s: %s" % (p["state"], p["title"], (p["legend"][:4] or [p["text"][:120]])) for p in panels
+        ),
     )
 
 

@@ -361,7 +361,7 @@ def test_the_live_view_s_central_pages_show_both_sites_and_outlive_the_first_rep
         finally:
             lab.sh("central", "systemctl start victoria-metrics")
         assert failure is None, "with the first replica stopped: " + failure
-        assert not_all_data("transfer-overview", later) is None, describe(later["panels"])
+        assert not_all_data("transfer-overview", later) is None, describe(later)
     wait_until(lambda: lab.promql("vm_app_version", url=lab.central_urls[0]), 60, "the first replica back")
     # what the monitor kept for it written, before the next test reads it
     wait_until(
@@ -388,7 +388,7 @@ def test_the_live_view_says_prometheus_is_away_and_recovers(provisioned, transfe
     with LiveView(base, *admin()) as view:
         view.open("/d/transfer-overview?refresh=5s")
         before = view.settle_with_data(DRAWN_S)
-        assert before["held"], describe(before["panels"])
+        assert before["held"], describe(before)
         lab.sh("monitor", "systemctl stop prometheus")
         try:
             down = view.settle("error", 90)
@@ -396,9 +396,9 @@ def test_the_live_view_says_prometheus_is_away_and_recovers(provisioned, transfe
         finally:
             lab.sh("monitor", "systemctl start prometheus")
         assert down["title"] == "longhaul / Transfer overview", down["title"]
-        assert down["held"], "not every panel says Prometheus is away:\n" + describe(down["panels"])
+        assert down["held"], "not every panel says Prometheus is away:\n" + describe(down)
         unreadable = [p["title"] for p in down["panels"] if "Prometheus does not answer the live view" not in p["text"]]
-        assert not unreadable, describe(down["panels"])
+        assert not unreadable, describe(down)
         back = view.settle_recovered(before, 120)
         view.screenshot(SHOTS / "transfer-overview-prometheus-back.png")
         problem = not_recovered(before, back)

@@ -13,7 +13,8 @@
 //        allowNoData may say "No data"), the states unchanged for M ms
 //        (default 3000); answers the panels either way (title, state, legend
 //        entries, widths of chart, its box and panel, text), whether it held, and the time until it first held
-//        (the time to draw every panel), from the settle and from the last open
+//        (the time to draw every panel), from the settle and from the last open,
+//        and the panels whose state changed meanwhile (their states in order)
 //   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
 //   {"cmd": "viewport", "width": W, "height": H}   the window's new size
 //   {"cmd": "click", "selector": CSS}               click what it finds; answers the page's path and search after
@@ -131,8 +132,15 @@ async function settle(want, timeoutMs, stableMs, allowNoData) {
   let since = null;
   let last = '';
   let firstHeld = null;
+  // Each panel's states in the order seen (its changes only, at most 12): what kept
+  // the page from holding still, when it did not.
+  const changes = {};
   for (;;) {
     seen = await panels();
+    for (const panel of seen) {
+      const states = (changes[panel.title] ??= []);
+      if (states[states.length - 1] !== panel.state && states.length < 12) states.push(panel.state);
+    }
     const drawn = seen.length > 0 && seen.every((panel) => panel.state !== 'loading' && panel.state !== 'empty');
     const wanted = (panel) => panel.state === want || (want === 'data' && panel.state === 'nodata' && allowNoData.includes(panel.title));
     const held = drawn && (want === 'drawn' || seen.every(wanted));
@@ -148,6 +156,7 @@ async function settle(want, timeoutMs, stableMs, allowNoData) {
         // from the start of the last "open" (the page's download and start included)
         sinceOpenMs: (firstHeld === null ? Date.now() - started : firstHeld) + (started - openedAt),
         panels: seen,
+        changes: Object.fromEntries(Object.entries(changes).filter(([, states]) => states.length > 1)),
       };
     }
     await page.waitForTimeout(250);
