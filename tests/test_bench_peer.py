@@ -7,6 +7,9 @@ import importlib.machinery
 import importlib.util
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 from helpers import REPO, cannot_run
 
@@ -28,6 +31,36 @@ def test_bench_memory_names_the_iperf3_it_runs_and_its_threading():
     assert found, peer
     threaded = (int(found.group(1)), int(found.group(2))) >= (3, 16)
     assert peer["threading"] == ("a thread per stream" if threaded else "every stream in one thread"), peer
+
+
+def test_every_iperf3_client_takes_the_arguments_iperf3_args_names(monkeypatch, tmp_path):
+    """IPERF3_ARGS (e.g. "-Z --skip-rx-copy", issue 47) goes on the command line of
+    every iperf3 client the bench runs, against iperf3's server and longhaul's, after
+    the bench's own; split as a shell splits it."""
+    monkeypatch.setenv("IPERF3_ARGS", "-Z --skip-rx-copy -l '1M'")
+    module = bench_memory()
+    settings = module.read_settings()
+    assert settings.iperf3_args == ["-Z", "--skip-rx-copy", "-l", "1M"]
+    for tool in (module.Iperf3(tmp_path, "iperf3"), module.Iperf3OnLonghaul(tmp_path, "iperf3", Path("longhaul"))):
+        tool.port = 5201
+        command = tool.client_command(35, settings)
+        assert command[:3] == ["iperf3", "-c", "127.0.0.1"], command
+        assert command[-5:] == ["-J", "-Z", "--skip-rx-copy", "-l", "1M"], command
+    monkeypatch.delenv("IPERF3_ARGS")
+    command = module.Iperf3(tmp_path, "iperf3").client_command(35, module.read_settings())
+    assert command[-1] == "-J", command
+
+
+def test_iperf3_args_a_shell_could_not_split_is_refused_by_name():
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench-memory")],
+        env={"PATH": "/usr/bin:/bin", "IPERF3_ARGS": '-Z "--skip-rx-copy'},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "IPERF3_ARGS=" in done.stderr and "quotation" in done.stderr, done.stderr
 
 
 def test_the_readme_names_the_peer_of_every_benchmark_row():
