@@ -213,18 +213,23 @@ def each_dashboard(view, index, failures, shots, pages="", timeout_s=90):
 
 
 def describe(settled):
-    """A settle's answer for a failed check: whether the panels held still and in
-    how long, the panels whose state changed meanwhile (their states in order),
-    then one line per panel (state, title, first legend entries or text), those
-    not drawn with data first: a long message is cut in CI's summary."""
+    """A settle's answer for a failed check: whether the panels held still, one
+    line per panel (state, title, first legend entries or text), those not drawn
+    with data first (a long message is cut in CI's summary), then the panels whose
+    state changed once drawn (their last states in order)."""
     panels = sorted(settled["panels"], key=lambda p: p["state"] == "data")
-    return "held %s, first in %d ms; states changed: %s\n%s" % (
-        settled["held"],
-        settled["ms"],
-        settled.get("changes") or "none",
+    if settled["held"]:
+        held = "held, first after %d ms" % settled["ms"]
+    elif settled.get("everHeld"):
+        held = "held at %d ms but not still to the end" % settled["ms"]
+    else:
+        held = "never held in %d ms" % settled["ms"]
+    return "%s\n%s\n  states changed: %s" % (
+        held,
         "\n".join(
             "  %-7s %s: %s" % (p["state"], p["title"], (p["legend"][:4] or [p["text"][:120]])) for p in panels
         ),
+        settled.get("changes") or "none",
     )
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import REPO, cannot_run
 
 
@@ -61,6 +62,20 @@ def test_iperf3_args_a_shell_could_not_split_is_refused_by_name():
     )
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "IPERF3_ARGS=" in done.stderr and "quotation" in done.stderr, done.stderr
+
+
+def test_iperf3_args_that_set_what_the_bench_sets_are_refused(monkeypatch):
+    """-P, -t, -w (the rows' stream count, time and buffer) and the rest the bench
+    sets itself: given again in IPERF3_ARGS, the last would win and a row would
+    say what it did not run with."""
+    module = bench_memory()
+    for words in ("-P 8", "-Z -P8", "--time=10", "-w 4M", "--parallel 2", "-J", "-c 127.0.0.2"):
+        monkeypatch.setenv("IPERF3_ARGS", words)
+        with pytest.raises(SystemExit) as ended:
+            module.read_settings()
+        assert ended.value.code == 2, words
+    monkeypatch.setenv("IPERF3_ARGS", "-Z --skip-rx-copy -C cubic -l 1M")
+    assert module.read_settings().iperf3_args == ["-Z", "--skip-rx-copy", "-C", "cubic", "-l", "1M"]
 
 
 def test_the_readme_names_the_peer_of_every_benchmark_row():

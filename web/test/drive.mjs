@@ -14,7 +14,8 @@
 //        (default 3000); answers the panels either way (title, state, legend
 //        entries, widths of chart, its box and panel, text), whether it held, and the time until it first held
 //        (the time to draw every panel), from the settle and from the last open,
-//        and the panels whose state changed meanwhile (their states in order)
+//        whether it held at all, and the panels whose state changed once drawn
+//        (by place and title: their last 12 states in order)
 //   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
 //   {"cmd": "viewport", "width": W, "height": H}   the window's new size
 //   {"cmd": "click", "selector": CSS}               click what it finds; answers the page's path and search after
@@ -132,15 +133,17 @@ async function settle(want, timeoutMs, stableMs, allowNoData) {
   let since = null;
   let last = '';
   let firstHeld = null;
-  // Each panel's states in the order seen (its changes only, at most 12): what kept
-  // the page from holding still, when it did not.
+  // Each panel's states in the order seen (its changes only, the last 12), by its
+  // place and title (two panels may share a title): what kept the page from
+  // holding still, when it did not.
   const changes = {};
   for (;;) {
     seen = await panels();
-    for (const panel of seen) {
-      const states = (changes[panel.title] ??= []);
-      if (states[states.length - 1] !== panel.state && states.length < 12) states.push(panel.state);
-    }
+    seen.forEach((panel, place) => {
+      const states = (changes[`${place + 1}. ${panel.title}`] ??= []);
+      if (states[states.length - 1] !== panel.state) states.push(panel.state);
+      if (states.length > 12) states.shift();
+    });
     const drawn = seen.length > 0 && seen.every((panel) => panel.state !== 'loading' && panel.state !== 'empty');
     const wanted = (panel) => panel.state === want || (want === 'data' && panel.state === 'nodata' && allowNoData.includes(panel.title));
     const held = drawn && (want === 'drawn' || seen.every(wanted));
@@ -152,11 +155,17 @@ async function settle(want, timeoutMs, stableMs, allowNoData) {
       const stable = held && Date.now() - since >= stableMs;
       return {
         held: stable,
+        everHeld: firstHeld !== null,
         ms: firstHeld ?? Date.now() - started,
         // from the start of the last "open" (the page's download and start included)
         sinceOpenMs: (firstHeld === null ? Date.now() - started : firstHeld) + (started - openedAt),
         panels: seen,
-        changes: Object.fromEntries(Object.entries(changes).filter(([, states]) => states.length > 1)),
+        // a panel's first drawing (loading, then drawn) is no change
+        changes: Object.fromEntries(
+          Object.entries(changes)
+            .map(([panel, states]) => [panel, states.slice(states.findIndex((state) => state !== 'loading' && state !== 'empty'))])
+            .filter(([, states]) => states.length > 1),
+        ),
       };
     }
     await page.waitForTimeout(250);
