@@ -161,7 +161,12 @@ def not_all_data(name, settled, may_be_empty=MAY_BE_EMPTY):
     ]
     if settled["held"] and not bad and not settled["consoleErrors"]:
         return None
-    return "%s (console %s):\n%s" % (name, settled["consoleErrors"], describe(settled))
+    return "%s (console %s; requests without an answer %s):\n%s" % (
+        name,
+        settled["consoleErrors"],
+        settled.get("requestFailures") or "none",
+        describe(settled),
+    )
 
 
 def not_recovered(before, back):

@@ -15,7 +15,8 @@
 //        entries, widths of chart, its box and panel, text), whether it held, and the time until it first held
 //        (the time to draw every panel), from the settle and from the last open,
 //        whether it held at all, and the panels whose state changed once drawn
-//        (by place and title: their last 12 states in order)
+//        (by place and title: their last 12 states in order); the page's console
+//        errors since the open, and the requests that got no answer (Chromium's reason)
 //   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
 //   {"cmd": "viewport", "width": W, "height": H}   the window's new size
 //   {"cmd": "click", "selector": CSS}               click what it finds; answers the page's path and search after
@@ -60,13 +61,34 @@ const consoleErrors = [];
 // A request Chromium cancelled because the host's network changed (another test
 // creating or removing an interface, namespace or container on this machine:
 // Chromium watches the host's addresses) says nothing about the page; the panel it
-// fed is judged by its state. Counted, not taken as the page's error.
+// fed is judged by its state. Counted, not taken as the page's error; nor is the
+// page's own report of it, fetch's "TypeError: Failed to fetch" (a fetch that got
+// no answer at all), when the network changed since the last "open" (CI OO: two
+// lab pages failed on it while the integration lane started a compose stack).
 let networkChanges = 0;
+let networkChangedSinceOpen = false;
+const fetchFailures = [];
+// Every request that got no answer since the open, with Chromium's reason (at most
+// 20): a failed check names them.
+const requestFailures = [];
+page.on('requestfailed', (request) => {
+  const reason = request.failure()?.errorText ?? 'no reason given';
+  if (requestFailures.length < 20) requestFailures.push(`${reason} ${request.method()} ${new URL(request.url()).pathname}`);
+  if (reason.includes('ERR_NETWORK_CHANGED')) {
+    networkChanges += 1;
+    networkChangedSinceOpen = true;
+  }
+});
 page.on('console', (message) => {
   if (message.type() !== 'error') return;
-  if (message.text().includes('net::ERR_NETWORK_CHANGED')) networkChanges += 1;
-  else consoleErrors.push(message.text().slice(0, 300));
+  const text = message.text();
+  // Chromium's own line for such a request ("Failed to load resource: net::ERR_NETWORK_CHANGED")
+  if (text.includes('net::ERR_NETWORK_CHANGED')) networkChangedSinceOpen = true;
+  else if (text.startsWith('TypeError: Failed to fetch')) fetchFailures.push(text.slice(0, 300));
+  else consoleErrors.push(text.slice(0, 300));
 });
+// The page's errors: a failed fetch counts unless the network changed since the open.
+const pageErrors = () => [...consoleErrors, ...(networkChangedSinceOpen ? [] : fetchFailures)];
 page.on('pageerror', (error) => consoleErrors.push(`pageerror: ${error.message}`.slice(0, 300)));
 let queries = [];
 page.on('request', (request) => {
@@ -181,6 +203,9 @@ for await (const line of commands) {
     switch (command.cmd) {
       case 'open':
         consoleErrors.length = 0;
+        fetchFailures.length = 0;
+        requestFailures.length = 0;
+        networkChangedSinceOpen = false;
         openedAt = Date.now();
         await page.goto(config.base + command.path, { waitUntil: 'commit' });
         // What the old page asked up to its end (a health check's timer) is not
@@ -198,8 +223,10 @@ for await (const line of commands) {
           const title = document.querySelector('[data-testid="dashboard-title"]');
           return title ? title.textContent : null;
         });
-        answer.consoleErrors = consoleErrors.slice(0, 20);
+        answer.consoleErrors = pageErrors().slice(0, 20);
         answer.networkChanges = networkChanges;
+        answer.fetchFailuresOnNetworkChange = networkChangedSinceOpen ? fetchFailures.length : 0;
+        answer.requestFailures = [...requestFailures];
         break;
       case 'click': {
         // a link or button of the page (a CSS selector, Playwright's :has-text too); the page's path after it
