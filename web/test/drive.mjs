@@ -57,7 +57,6 @@ const context = await chromium.launchPersistentContext(profile, {
   httpCredentials: config.user ? { username: config.user, password: config.password } : undefined,
 });
 const page = context.pages()[0] || (await context.newPage());
-const consoleErrors = [];
 // A request Chromium cancelled because the host's network changed (another test
 // creating or removing an interface, namespace or container on this machine:
 // Chromium watches the host's addresses) says nothing about the page; the panel it
@@ -66,30 +65,27 @@ const consoleErrors = [];
 // no answer at all), when the network changed since the last "open" (CI OO: two
 // lab pages failed on it while the integration lane started a compose stack).
 let networkChanges = 0;
-let networkChangedSinceOpen = false;
-const fetchFailures = [];
-// Every request that got no answer since the open, with Chromium's reason (at most
-// 20): a failed check names them.
-const requestFailures = [];
+// What the page met since the last "open" (made anew by it): its console errors,
+// its failed fetches, whether the network changed, and every request that got no
+// answer with Chromium's reason (at most 20: a failed check names them).
+const sinceOpen = () => ({ consoleErrors: [], fetchFailures: [], networkChanged: false, requestFailures: [] });
+let met = sinceOpen();
 page.on('requestfailed', (request) => {
   const reason = request.failure()?.errorText ?? 'no reason given';
-  if (requestFailures.length < 20) requestFailures.push(`${reason} ${request.method()} ${new URL(request.url()).pathname}`);
+  if (met.requestFailures.length < 20) met.requestFailures.push(`${reason} ${request.method()} ${new URL(request.url()).pathname}`);
   if (reason.includes('ERR_NETWORK_CHANGED')) {
     networkChanges += 1;
-    networkChangedSinceOpen = true;
+    met.networkChanged = true;
   }
 });
 page.on('console', (message) => {
   if (message.type() !== 'error') return;
   const text = message.text();
   // Chromium's own line for such a request ("Failed to load resource: net::ERR_NETWORK_CHANGED")
-  if (text.includes('net::ERR_NETWORK_CHANGED')) networkChangedSinceOpen = true;
-  else if (text.startsWith('TypeError: Failed to fetch')) fetchFailures.push(text.slice(0, 300));
-  else consoleErrors.push(text.slice(0, 300));
+  if (text.includes('net::ERR_NETWORK_CHANGED')) met.networkChanged = true;
+  else (text.startsWith('TypeError: Failed to fetch') ? met.fetchFailures : met.consoleErrors).push(text.slice(0, 300));
 });
-// The page's errors: a failed fetch counts unless the network changed since the open.
-const pageErrors = () => [...consoleErrors, ...(networkChangedSinceOpen ? [] : fetchFailures)];
-page.on('pageerror', (error) => consoleErrors.push(`pageerror: ${error.message}`.slice(0, 300)));
+page.on('pageerror', (error) => met.consoleErrors.push(`pageerror: ${error.message}`.slice(0, 300)));
 let queries = [];
 page.on('request', (request) => {
   const url = new URL(request.url());
@@ -202,10 +198,7 @@ for await (const line of commands) {
   try {
     switch (command.cmd) {
       case 'open':
-        consoleErrors.length = 0;
-        fetchFailures.length = 0;
-        requestFailures.length = 0;
-        networkChangedSinceOpen = false;
+        met = sinceOpen();
         openedAt = Date.now();
         await page.goto(config.base + command.path, { waitUntil: 'commit' });
         // What the old page asked up to its end (a health check's timer) is not
@@ -223,10 +216,11 @@ for await (const line of commands) {
           const title = document.querySelector('[data-testid="dashboard-title"]');
           return title ? title.textContent : null;
         });
-        answer.consoleErrors = pageErrors().slice(0, 20);
+        // a failed fetch is the page's error unless the network changed since the open
+        answer.consoleErrors = [...met.consoleErrors, ...(met.networkChanged ? [] : met.fetchFailures)].slice(0, 20);
         answer.networkChanges = networkChanges;
-        answer.fetchFailuresOnNetworkChange = networkChangedSinceOpen ? fetchFailures.length : 0;
-        answer.requestFailures = [...requestFailures];
+        answer.fetchFailuresOnNetworkChange = met.networkChanged ? met.fetchFailures.length : 0;
+        answer.requestFailures = [...met.requestFailures];
         break;
       case 'click': {
         // a link or button of the page (a CSS selector, Playwright's :has-text too); the page's path after it
