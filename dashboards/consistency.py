@@ -10,8 +10,8 @@ For each dashboard, fails (exit 1) naming the dashboard and the panel when
 - a panel is in one rendering only (Grafana's annotations count as the
   panels perses.py makes of them; a repeated panel by perses.perses_title);
 - a panel's queries differ: their number, or a Prometheus query's text or
-  legend (an InfluxQL target's PromQL twin is generate.py's to keep; its
-  count is checked);
+  legend (an InfluxQL target's PromQL twin is the library's to keep, in
+  lib/promql.py's TWINS; its count is checked);
 - a panel's unit differs (through perses.UNITS);
 - the variables differ (data source variables aside): names, label_values
   query (a Prometheus one), multiple values, the "All" value.
@@ -42,7 +42,7 @@ def grafana_panels(board):
             if kind == "prometheus":
                 queries.append((target.get("expr"), target.get("legendFormat", "")))
             elif kind == "influxdb":
-                # its PromQL twin is generate.py's (TWINS); its legend is the alias's tags
+                # its PromQL twin is lib/promql.py's TWINS; its legend is the alias's tags
                 queries.append((None, perses.legend_of_alias(target.get("alias", ""))))
             else:
                 queries.append(("(a target of data source %r)" % kind, ""))
