@@ -52,6 +52,9 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
+mod termination;
+pub use termination::Termination;
+
 /// The rustls this server speaks: build [`Server::spawn_tls`]'s
 /// configuration with it.
 pub use tokio_rustls::rustls;

@@ -7,16 +7,16 @@
 //! of them from one source, get `503`. Scrapes that arrive while a
 //! collection runs wait for its result (scrape.rs), each within its own
 //! deadline.
-//! SIGTERM/SIGINT wake the main thread through a self-pipe; the server then
-//! stops accepting and waits (bounded) for requests in flight.
+//! SIGTERM/SIGINT (taken through tokio's signal handling, `Termination`)
+//! wake the main thread; the server then stops accepting and waits (bounded)
+//! for requests in flight.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_http_serve::{Limits, Response, Server};
+use longhaul_http_serve::{Limits, Response, Server, Termination};
 
 use longhaul_web_config::{guard, WebConfig};
 
@@ -55,9 +55,6 @@ const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 /// How long shutdown waits for requests in flight.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// Write end of the self-pipe the signal handler writes to (-1: none).
-static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
-
 /// `:9743` means every interface (IPv6 and IPv4); otherwise HOST:PORT.
 pub fn resolve_listen_address(s: &str) -> Result<Vec<SocketAddr>, String> {
     if let Some(port) = s.strip_prefix(':') {
@@ -90,61 +87,6 @@ pub fn bind(listen: &str) -> anyhow::Result<TcpListener> {
     Err(last.unwrap_or_else(|| anyhow::anyhow!("nothing to bind")))
 }
 
-extern "C" fn on_signal(_: libc::c_int) {
-    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; the byte's value is irrelevant.
-        unsafe {
-            libc::write(fd, [1u8].as_ptr().cast(), 1);
-        }
-    }
-}
-
-/// Creates the self-pipe and installs SIGTERM/SIGINT handlers; returns the
-/// read end.
-fn install_signal_pipe() -> io::Result<i32> {
-    let mut fds = [0i32; 2];
-    // SAFETY: fds is a valid 2-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: a zeroed sigaction with a plain handler is valid.
-        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-        sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        // SAFETY: sa is initialised; the old action is not needed.
-        if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(fds[0])
-}
-
-/// Blocks until SIGTERM or SIGINT.
-fn wait_for_signal(sig_fd: i32) -> io::Result<()> {
-    loop {
-        let mut fds = [libc::pollfd {
-            fd: sig_fd,
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: fds is a valid array of one pollfd.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, -1) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if fds[0].revents != 0 {
-            return Ok(());
-        }
-    }
-}
-
 /// Serves until SIGTERM/SIGINT.
 pub fn serve(
     listener: TcpListener,
@@ -152,7 +94,7 @@ pub fn serve(
     web: WebConfig,
     max_requests: usize,
 ) -> io::Result<()> {
-    let sig_fd = install_signal_pipe()?;
+    let termination = Termination::listen()?;
     let limits = Limits {
         max_header_bytes: MAX_REQUEST_HEAD,
         header_deadline: HEADER_DEADLINE,
@@ -169,8 +111,8 @@ pub fn serve(
     };
     let (handler, precheck) = guard(web.auth, Arc::new(move |req| answer(req, &exporter)));
     let server = Server::spawn_tls(listener, "http", limits, web.tls, handler, precheck)?;
-    wait_for_signal(sig_fd)?;
-    crate::log("signal received, shutting down");
+    let signal = termination.wait();
+    crate::log(&format!("signal received, shutting down ({signal})"));
     server.shutdown(SHUTDOWN_GRACE);
     Ok(())
 }

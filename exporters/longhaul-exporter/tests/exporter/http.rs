@@ -1,4 +1,4 @@
-//! HTTP behaviour: index page, 404/405, the concurrent-scrape limit, SIGTERM.
+//! HTTP behaviour: index page, 404/405, the concurrent-scrape limit, SIGTERM and SIGINT.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -93,12 +93,13 @@ fn concurrent_scrapes_share_one_stats_api_request() {
     assert_eq!(engine.requests() - before, 2, "one more scrape");
 }
 
-#[test]
-fn sigterm_shuts_down_cleanly() {
+/// The exporter, sent `signal` once it has answered a scrape, exits 0
+/// within 5 s, no longer listening, and says which signal stopped it.
+fn shuts_down_cleanly_on(signal: libc::c_int, name: &str) {
     let mut exp = Exporter::start(&["--no-collector.engine"]);
     exp.scrape();
     // SAFETY: kill(2) on the pid of our own child.
-    let rc = unsafe { libc::kill(exp.child.id() as i32, libc::SIGTERM) };
+    let rc = unsafe { libc::kill(exp.child.id() as i32, signal) };
     assert_eq!(rc, 0);
     let start = Instant::now();
     let status = loop {
@@ -107,11 +108,25 @@ fn sigterm_shuts_down_cleanly() {
         }
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "no exit after SIGTERM"
+            "no exit after {name}"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status}");
     assert!(TcpStream::connect(exp.addr).is_err(), "still listening");
-    assert!(exp.logged("shutting down"), "{}", exp.log_text());
+    assert!(
+        exp.logged(&format!("signal received, shutting down ({name})")),
+        "{}",
+        exp.log_text()
+    );
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    shuts_down_cleanly_on(libc::SIGTERM, "SIGTERM");
+}
+
+#[test]
+fn sigint_shuts_down_cleanly() {
+    shuts_down_cleanly_on(libc::SIGINT, "SIGINT");
 }
