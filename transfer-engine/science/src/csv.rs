@@ -1,16 +1,15 @@
 //! CSV of serialized result cells: one header from the union of the
 //! cells' flattened fields (`{cpu: {user_pct}}` becomes `cpu_user_pct`),
-//! one line per cell, quoted where needed.
+//! one line per cell, written by the csv crate (quoted where needed).
 
 use serde::Serialize;
 use serde_json::Value;
 
-fn csv_field(v: &Value) -> String {
+/// A field's text: an absent value empty, a string as it is (the csv
+/// crate quotes it where needed), anything else as JSON writes it.
+fn field_text(v: &Value) -> String {
     match v {
         Value::Null => String::new(),
-        Value::String(s) if s.contains([',', '"', '\n']) => {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        }
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
@@ -66,22 +65,29 @@ pub fn to_csv<T: Serialize>(cells: &[T], first: &[&str]) -> String {
         .map(|f| f.to_string())
         .collect();
     header.extend(rest);
-    let mut out = header.join(",");
-    out.push('\n');
+    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut write = |record: Vec<String>| {
+        out.write_record(&record)
+            .expect("a CSV record into memory cannot fail")
+    };
+    write(header.clone());
     for row in rows {
-        let line: Vec<String> = header
-            .iter()
-            .map(|h| {
-                row.iter()
-                    .find(|(k, _)| k == h)
-                    .map(|(_, v)| csv_field(v))
-                    .unwrap_or_default()
-            })
-            .collect();
-        out.push_str(&line.join(","));
-        out.push('\n');
+        write(
+            header
+                .iter()
+                .map(|h| {
+                    row.iter()
+                        .find(|(k, _)| k == h)
+                        .map(|(_, v)| field_text(v))
+                        .unwrap_or_default()
+                })
+                .collect(),
+        );
     }
-    out
+    let bytes = out
+        .into_inner()
+        .expect("a CSV writer into memory cannot fail");
+    String::from_utf8(bytes).expect("CSV of UTF-8 strings is UTF-8")
 }
 
 #[cfg(test)]
@@ -125,5 +131,25 @@ mod tests {
         );
         assert_eq!(lines[1], "1,0.5,3.0,2.0,1.0,");
         assert_eq!(lines[2], "2,,,,,\"x, \"\"y\"\"\"");
+    }
+
+    #[test]
+    fn a_carriage_return_or_a_line_break_in_a_field_is_quoted() {
+        #[derive(Serialize)]
+        struct C {
+            error: String,
+        }
+        let csv = to_csv(
+            &[
+                C {
+                    error: "refused\r".into(),
+                },
+                C {
+                    error: "two\nlines".into(),
+                },
+            ],
+            &[],
+        );
+        assert_eq!(csv, "error\n\"refused\r\"\n\"two\nlines\"\n");
     }
 }
