@@ -85,7 +85,8 @@ def variables(grafana, persesboard):
         if v["type"] == "datasource":
             continue
         kind = (v.get("datasource") or {}).get("type")
-        # an InfluxQL variable's PromQL twin is generate.py's; any other kind is compared as it is
+        # an InfluxQL variable's PromQL twin is the library's (lib/variables.py, influx_var);
+        # any other kind is compared as it is
         query = None if kind == "influxdb" else v.get("query")
         ours.append(
             (v["name"], query, bool(v.get("multi")), bool(v.get("includeAll")), v.get("allValue") or None)
@@ -105,7 +106,7 @@ def variables(grafana, persesboard):
                 spec.get("customAllValue"),
             )
         )
-    # An InfluxQL variable's PromQL twin is generate.py's: its name and options are compared.
+    # An InfluxQL variable's PromQL twin is the library's: its name and options are compared.
     theirs = [t if o[1] is not None else (t[0], None) + t[2:] for o, t in zip(ours, theirs)] + theirs[len(ours):]
     return ours, theirs
 

@@ -9,7 +9,8 @@ is added by hand here: what Grafana shows, Perses shows, with these
 differences, each forced by what Perses 0.52 has:
 
 - InfluxQL targets and variables (the routers' SNMP counters) become their
-  PromQL twins, which the dashboards (boards/) define beside each InfluxQL query (`twin=`):
+  PromQL twins, which the library defines beside each InfluxQL query
+  (lib/shared_panels.py's router_query, lib/variables.py's influx_var; kept in TWINS):
   the live view reads Prometheus only, and Telegraf publishes the same
   counters to it (roles/telegraf, job telegraf).
 - Grafana's annotations (campaign runs, firing alerts, sessions) become panels

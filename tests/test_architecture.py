@@ -4,11 +4,13 @@ added without its line there fails here (issue 42).
 The rule: each workspace member (Cargo.toml's `members`) has a section of
 docs/architecture.md, the first `## ` heading that names the member's
 directory in backticks (`transfer-engine/src`, `exporters/longhaul-exporter`)
-or its parent's (`crates/`). In it every `.rs` file under the member's `src/`
-is named in backticks by its path below `src/` (`planes/disk/writer.rs`);
-where one section holds several members, by the member's directory name
-first (`admission/lobby.rs`). `{a,b}` in a name stands for each of a and b.
-Test modules (`*tests.rs`) are left out."""
+or its parent's (`crates/`), its own first. In a row of a table of that
+section (a line that starts with `|`: prose does not count, so a module gets
+its line) every `.rs` file under the member's `src/` is named in backticks by
+its path below `src/` (`planes/disk/writer.rs`); where one section holds
+several members, by the member's directory name first (`admission/lobby.rs`).
+`{a,b}` in a name stands for each of a and b. Test modules (`tests.rs`,
+`*_tests.rs`) are left out; a member without `src/` fails."""
 
 import re
 import tomllib
@@ -33,9 +35,10 @@ def sections(text):
 
 
 def named(body):
-    """Every name in backticks in `body`, with `{a,b}` expanded."""
+    """Every name in backticks in the table rows of `body`, with `{a,b}` expanded."""
     names = set()
-    for token in re.findall(r"`([^`\n]+)`", body):
+    rows = "\n".join(line for line in body.splitlines() if line.lstrip().startswith("|"))
+    for token in re.findall(r"`([^`\n]+)`", rows):
         expanded = [token]
         while any("{" in name for name in expanded):
             next_round = []
@@ -54,9 +57,11 @@ def named(body):
 def section_of(member, text):
     """The member's section and whether it is shared with other members."""
     parent = member.rsplit("/", 1)[0] + "/" if "/" in member else None
-    for heading, body in sections(text):
+    found = sections(text)
+    for heading, body in found:
         if "`%s`" % member in heading or "`%s/src`" % member in heading:
             return body, False
+    for heading, body in found:
         if parent and "`%s`" % parent in heading:
             return body, True
     return None, False
@@ -67,6 +72,9 @@ def missing(text):
     found = []
     for member in members():
         src = helpers.REPO / member / "src"
+        if not src.is_dir():
+            found.append("%s: no src/ directory (a member the test cannot read)" % member)
+            continue
         body, shared = section_of(member, text)
         if body is None:
             found.append("%s: no section of docs/architecture.md names it in its heading" % member)
@@ -75,7 +83,7 @@ def missing(text):
         prefix = member.rsplit("/", 1)[-1] + "/" if shared else ""
         for path in sorted(src.rglob("*.rs")):
             module = path.relative_to(src).as_posix()
-            if module.endswith("tests.rs"):
+            if path.name == "tests.rs" or path.name.endswith("_tests.rs"):
                 continue
             if prefix + module not in names:
                 found.append("%s/src/%s: not named (as `%s%s`) in its section" % (member, module, prefix, module))
@@ -95,7 +103,7 @@ def test_a_module_left_out_of_the_document_fails():
 
 
 def test_brace_lists_and_shared_sections_are_read_as_written():
-    assert named("`collectors/{engine,tcp}.rs` and `a{b,c}d{e,f}`") == {
+    assert named("| `collectors/{engine,tcp}.rs` and `a{b,c}d{e,f}` |") == {
         "collectors/engine.rs",
         "collectors/tcp.rs",
         "abde",
@@ -103,5 +111,10 @@ def test_brace_lists_and_shared_sections_are_read_as_written():
         "acde",
         "acdf",
     }
-    text = "## Shared (`crates/`)\n`units/lib.rs`\n## Other\n`lib.rs`\n"
-    assert section_of("crates/units", text) == ("`units/lib.rs`\n", True)
+    text = "## Shared (`crates/`)\n| `units/lib.rs` |\n## Other\n| `lib.rs` |\n"
+    assert section_of("crates/units", text) == ("| `units/lib.rs` |\n", True)
+    # a member's own section before its parent's, wherever it stands
+    text += "## Units (`crates/units`)\n| `lib.rs` |\n"
+    assert section_of("crates/units", text) == ("| `lib.rs` |\n", False)
+    # prose names nothing: a module needs its row
+    assert named("`client.rs` in a sentence\n| | `server.rs` | a row |") == {"server.rs"}
