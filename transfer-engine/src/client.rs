@@ -370,17 +370,18 @@ pub fn run_reporting(
             plane: plane.progress(),
         })
     };
-    let result = session::run_data_phase(
-        &req,
-        plane.as_ref(),
-        &streams,
-        &mut conn,
-        &events,
-        &events_tx,
-        every,
-        &mut tick,
-        session::PeerStreams::Report(REPORT_PERIOD),
-    );
+    let result = session::DataPhase {
+        req: &req,
+        plane: plane.as_ref(),
+        streams: &streams,
+        control: &mut conn,
+        events: &events,
+        events_tx: &events_tx,
+        tick_every: every,
+        tick: &mut tick,
+        peer: session::PeerStreams::Report(REPORT_PERIOD),
+    }
+    .run();
     let _ = conn.socket().shutdown(std::net::Shutdown::Both);
     let outcome = result?;
     let (local, remote) = (

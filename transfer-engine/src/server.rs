@@ -307,6 +307,39 @@ fn handle_attach(arrival: Arrival, ctx: &Context) -> Result<()> {
 /// Removes a session's attach slot when it ends.
 struct SlotGuard<'a>(&'a Context, [u8; SESSION_ID_LEN]);
 
+impl<'a> SlotGuard<'a> {
+    /// Opens `slot` to the data connections of session `id` until dropped.
+    fn open(ctx: &'a Context, id: [u8; SESSION_ID_LEN], slot: AttachSlot) -> SlotGuard<'a> {
+        ctx.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::new(slot));
+        SlotGuard(ctx, id)
+    }
+}
+
+/// The server's proof that it holds the token too, for `AuthOk`.
+fn server_proof(token: &Token, proven: &Proven) -> String {
+    to_hex(&token.server_proof(&proven.server_nonce, &proven.client_nonce))
+}
+
+/// The key a session's data connections prove themselves with: derived from
+/// the token and both nonces, or (no token) a random one, sent to the client
+/// in `SessionAccepted` (the second of the pair).
+fn attach_key(token: Option<&Token>, proven: &Proven) -> (Vec<u8>, Option<String>) {
+    match token {
+        Some(t) => (
+            t.attach_key(&proven.server_nonce, &proven.client_nonce)
+                .to_vec(),
+            None,
+        ),
+        None => {
+            let k = random_bytes::<32>().to_vec();
+            (k.clone(), Some(to_hex(&k)))
+        }
+    }
+}
+
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         self.0
@@ -397,6 +430,51 @@ fn unless_it_panics<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
+/// What the client asked for after the login: a session, or (`longhaul
+/// advise`) only pings, answered as they came, until it hung up.
+enum Asked {
+    Session(SessionRequest),
+    Probe(u64),
+}
+
+/// Reads the client's request, answering its pings first; a message out of
+/// turn is refused (the client is told why).
+fn read_request(conn: &mut Connection) -> Result<Asked> {
+    let refuse = |conn: &mut Connection, why: String| {
+        let e = Error::Protocol(why);
+        conn.send_error(&e);
+        Err(e)
+    };
+    let mut pings = 0u64;
+    loop {
+        match conn.recv() {
+            Ok(Message::SessionRequest(r)) => return Ok(Asked::Session(r)),
+            // A ping follows the answer to the last one: the segment that
+            // carries it acknowledges that answer. A client that pings on
+            // without taking the answers in would fill our send buffer and
+            // hold this session slot while we wait to write.
+            Ok(Message::Ping(_)) if !sockopt::drained(conn.socket()) => {
+                return refuse(
+                    conn,
+                    "Ping before the answer to the previous one was received".into(),
+                )
+            }
+            Ok(Message::Ping(p)) if pings < probe::MAX_PINGS => {
+                conn.send(&Message::Pong(probe::answer(&p)))?;
+                pings += 1;
+            }
+            Err(Error::PeerAborted(_)) if pings > 0 => return Ok(Asked::Probe(pings)),
+            Ok(other) => {
+                return refuse(
+                    conn,
+                    format!("expected SessionRequest, got {:?}", other.kind()),
+                )
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Runs one authenticated session on the server, from `AuthOk` on; returns
 /// a summary line.
 fn serve_session(
@@ -413,44 +491,12 @@ fn serve_session(
     let peer = conn.peer();
     conn.set_max_frame(crate::frame::MAX_FRAME_LEN);
     let token = ctx.opts.token.clone();
-    let (server_nonce, client_nonce) = (&proven.server_nonce, &proven.client_nonce);
     conn.send(&Message::AuthOk(AuthOk {
-        proof: token
-            .as_ref()
-            .map(|t| to_hex(&t.server_proof(server_nonce, client_nonce))),
+        proof: token.as_ref().map(|t| server_proof(t, proven)),
     }))?;
-    // `longhaul advise` pings instead of asking for a session.
-    let mut pings = 0u64;
-    let req = loop {
-        match conn.recv() {
-            Ok(Message::SessionRequest(r)) => break r,
-            // A ping follows the answer to the last one: the segment that
-            // carries it acknowledges that answer. A client that pings on
-            // without taking the answers in would fill our send buffer and
-            // hold this session slot while we wait to write.
-            Ok(Message::Ping(_)) if !sockopt::drained(conn.socket()) => {
-                return fail(
-                    conn,
-                    Error::Protocol(
-                        "Ping before the answer to the previous one was received".into(),
-                    ),
-                )
-            }
-            Ok(Message::Ping(p)) if pings < probe::MAX_PINGS => {
-                conn.send(&Message::Pong(probe::answer(&p)))?;
-                pings += 1;
-            }
-            Err(Error::PeerAborted(_)) if pings > 0 => {
-                return Ok(format!("probe: answered {pings} pings"))
-            }
-            Ok(other) => {
-                return fail(
-                    conn,
-                    Error::Protocol(format!("expected SessionRequest, got {:?}", other.kind())),
-                )
-            }
-            Err(e) => return Err(e),
-        }
+    let req = match read_request(conn)? {
+        Asked::Session(req) => req,
+        Asked::Probe(pings) => return Ok(format!("probe: answered {pings} pings")),
     };
     if let Err(e) = session::validate(&req) {
         return fail(conn, e);
@@ -491,26 +537,20 @@ fn serve_session(
         Err(e) => return fail(conn, e),
     };
 
-    let (key, sent_key) = match &token {
-        Some(t) => (t.attach_key(server_nonce, client_nonce).to_vec(), None),
-        None => {
-            let k = random_bytes::<32>().to_vec();
-            (k.clone(), Some(to_hex(&k)))
-        }
-    };
+    let (key, sent_key) = attach_key(token.as_ref(), proven);
     let total = session::total_streams(&req);
     let (events_tx, events) = mpsc::channel();
-    ctx.slots.lock().unwrap_or_else(|e| e.into_inner()).insert(
+    let slot_guard = SlotGuard::open(
+        ctx,
         session_id,
-        Arc::new(AttachSlot {
+        AttachSlot {
             key,
             request: req.clone(),
             cc,
             attached: Mutex::new(vec![false; total as usize]),
             events: events_tx.clone(),
-        }),
+        },
     );
-    let slot_guard = SlotGuard(ctx, session_id);
     conn.send(&Message::SessionAccepted(SessionAccepted {
         session_id: session_hex.clone(),
         attach_key: sent_key,
@@ -536,33 +576,39 @@ fn serve_session(
     let streams = session::stream_stats(&req, Side::Server, sockets);
     entry.set_running(streams.clone());
     entry.set_devices(plane.devices());
-    let outcome = session::run_data_phase(
-        &req,
-        plane.as_ref(),
-        &streams,
-        writer,
-        &events,
-        &events_tx,
-        SAMPLE_INTERVAL,
-        &mut |_, _| {},
-        session::PeerStreams::Collect(&|reported| entry.set_peer_streams(reported)),
-    )?;
+    let outcome = session::DataPhase {
+        req: &req,
+        plane: plane.as_ref(),
+        streams: &streams,
+        control: writer,
+        events: &events,
+        events_tx: &events_tx,
+        tick_every: SAMPLE_INTERVAL,
+        tick: &mut |_, _| {},
+        peer: session::PeerStreams::Collect(&|reported| entry.set_peer_streams(reported)),
+    }
+    .run()?;
     plane.check(
         outcome.local.mode_summary.as_ref(),
         outcome.remote.mode_summary.as_ref(),
     )?;
+    let empty = session::idle_streams(&req, plane.as_ref(), &outcome).len();
+    Ok(summary(&session_hex, total, &outcome, empty))
+}
+
+/// The server's log line of a session that ended well.
+fn summary(session_hex: &str, total: u32, outcome: &session::PhaseOutcome, empty: usize) -> String {
     let bytes: u64 = outcome.local.streams.iter().map(|s| s.bytes).sum();
     let secs = outcome.local.seconds.max(1e-9);
-    let empty = session::idle_streams(&req, plane.as_ref(), &outcome).len();
     let warning = match empty {
         0 => String::new(),
         n => format!("; warning: {n} streams moved no bytes"),
     };
-    Ok(format!(
+    format!(
         "session {session_hex}: {total} streams, {} in {secs:.2} s ({}){warning}",
         format_bytes(bytes),
         format_bps(bytes as f64 * 8.0 / secs)
-    ))
+    )
 }
 
 /// Takes the handshake connection's reader, with anything it has already

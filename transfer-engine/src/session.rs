@@ -216,200 +216,239 @@ pub struct PhaseOutcome {
     pub remote: Done,
 }
 
-/// Runs the data phase on one end: starts every stream, samples
-/// TCP_INFO every `tick_every` (calling `tick` with the elapsed time),
-/// reports to or collects from the peer its view of the streams (`peer`),
-/// sends our `Done` once our workers are finished, waits for the peer's, and
-/// checks that both ends agree. On any failure every stream is aborted and
-/// the peer is told why.
-#[allow(clippy::too_many_arguments)]
-pub fn run_data_phase(
-    req: &SessionRequest,
-    plane: &dyn DataPlane,
-    streams: &[Arc<StreamStats>],
-    control: &mut Connection,
-    events: &Receiver<Event>,
-    events_tx: &Sender<Event>,
-    tick_every: Duration,
-    tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
-    peer: PeerStreams<'_>,
-) -> Result<PhaseOutcome> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let result = data_phase_inner(
-        req, plane, streams, control, events, events_tx, tick_every, tick, &peer, &stop,
-    );
-    if let Err(e) = &result {
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for s in streams {
-            s.abort();
-        }
-        // Harmless if the peer is the one that failed: it is gone already.
-        control.send_error(e);
-    }
-    result
+/// One end's data phase: the session it runs, the streams and the mode's
+/// data plane it runs them on, the control connection to the peer and the
+/// session's event channel (workers' ends, the control reader's messages).
+///
+/// [`DataPhase::run`] starts every stream, samples TCP_INFO every
+/// `tick_every` (calling `tick` with the elapsed time), reports to or
+/// collects from the peer its view of the streams (`peer`), sends our `Done`
+/// once our workers are finished, waits for the peer's, and checks that both
+/// ends agree. On any failure every stream is aborted and the peer is told
+/// why.
+pub struct DataPhase<'a> {
+    pub req: &'a SessionRequest,
+    pub plane: &'a dyn DataPlane,
+    pub streams: &'a [Arc<StreamStats>],
+    pub control: &'a mut Connection,
+    pub events: &'a Receiver<Event>,
+    pub events_tx: &'a Sender<Event>,
+    pub tick_every: Duration,
+    pub tick: &'a mut dyn FnMut(&[Arc<StreamStats>], Duration),
+    pub peer: PeerStreams<'a>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn data_phase_inner(
-    req: &SessionRequest,
-    plane: &dyn DataPlane,
-    streams: &[Arc<StreamStats>],
-    control: &mut Connection,
-    events: &Receiver<Event>,
-    events_tx: &Sender<Event>,
-    tick_every: Duration,
-    tick: &mut dyn FnMut(&[Arc<StreamStats>], Duration),
-    peer: &PeerStreams<'_>,
-    stop: &Arc<AtomicBool>,
-) -> Result<PhaseOutcome> {
-    let limit_for = |id: u32| match stream_bytes(req, id) {
-        Some(b) => Limit::Bytes(b),
-        None => Limit::For(Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
-    };
-    let senders = streams.iter().filter(|s| s.role == Role::Send).count();
-    let pacer = req.rate_bps.map(|r| Arc::new(Pacer::shared(r, senders)));
-    let mut works = Vec::with_capacity(streams.len());
-    for s in streams {
-        let work = match s.role {
-            Role::Send => Work::Send(
-                plane.source(s.id)?,
-                SendBudget::new(limit_for(s.id), pacer.clone(), stop.clone()),
-            ),
-            Role::Receive => Work::Receive(plane.sink(s.id)?),
-        };
-        works.push(work);
-    }
-    // Every stream exists: start the clock and hand them all to the
-    // workers at once.
-    let cpu_start = CpuSnapshot::now();
-    let start = Instant::now();
-    let started = streams
-        .iter()
-        .zip(works)
-        .map(|(s, mut work)| {
-            if let Work::Send(_, budget) = &mut work {
-                budget.started_at(start);
-            }
-            let events = events_tx.clone();
-            let id = s.id;
-            let finished: Finished = Box::new(move |result| {
-                let _ = events.send(Event::Worker { id, result });
-            });
-            (s.clone(), work, finished)
-        })
-        .collect();
-    stream::start(started)?;
+/// Where a running data phase stands: its clock, what each end has said, and
+/// when the next sample, report and give-up are due.
+struct Progress {
+    start: Instant,
+    cpu_start: CpuSnapshot,
+    watchdog: Watchdog,
+    /// Our streams whose workers have not finished.
+    pending: usize,
+    local: Option<Done>,
+    remote: Option<Done>,
+    next_tick: Instant,
+    /// The client's reports to the server: when the next is due, how often.
+    next_report: Option<(Instant, Duration)>,
+    /// Once our workers are done the peer has SHUTDOWN_TIMEOUT to report.
+    give_up: Option<Instant>,
+}
 
-    let mut watchdog = Watchdog::new(streams.len(), start);
-    let mut pending = streams.len();
-    let mut local: Option<Done> = None;
-    let mut remote: Option<Done> = None;
-    let mut next_tick = start + tick_every;
-    let report_every = match peer {
-        PeerStreams::Report(period) => Some(*period),
-        PeerStreams::Collect(_) => None,
-    };
-    let mut next_report = report_every.map(|p| start + p);
-    // Once our workers are done the peer has SHUTDOWN_TIMEOUT to report.
-    let mut give_up: Option<Instant> = None;
-    while local.is_none() || remote.is_none() {
-        let now = Instant::now();
-        if let Some(t) = give_up {
-            if now >= t {
+impl DataPhase<'_> {
+    pub fn run(mut self) -> Result<PhaseOutcome> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let result = self.drive(&stop);
+        if let Err(e) = &result {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for s in self.streams {
+                s.abort();
+            }
+            // Harmless if the peer is the one that failed: it is gone already.
+            self.control.send_error(e);
+        }
+        result
+    }
+
+    fn drive(&mut self, stop: &Arc<AtomicBool>) -> Result<PhaseOutcome> {
+        let mut at = self.start_streams(stop)?;
+        while at.local.is_none() || at.remote.is_none() {
+            let now = Instant::now();
+            if at.give_up.is_some_and(|t| now >= t) {
                 return Err(Error::Timeout(
                     "the peer did not report its totals after the data phase".into(),
                 ));
             }
-        }
-        if let (Some(at), Some(period), None) = (next_report, report_every, &local) {
-            if now >= at {
-                for s in streams {
-                    s.sample();
-                }
-                // A report is the latest state: while the peer has not
-                // taken in the last one (the control connection's share of
-                // a crowded path), this one is skipped rather than queued
-                // behind it, so the loop never waits to write.
-                if sockopt::drained(control.socket()) {
-                    let report = StreamsReport {
-                        streams: streams.iter().map(|s| s.report()).collect(),
-                    };
-                    control.send(&Message::StreamsReport(report))?;
-                }
-                // Never a burst of catch-up reports after a slow moment.
-                next_report = Some((at + period).max(Instant::now()));
+            if self.report_if_due(&mut at, now)? {
                 continue;
             }
+            let mut wake = at.next_tick.min(at.watchdog.next);
+            if let (Some((due, _)), None) = (at.next_report, &at.local) {
+                wake = wake.min(due);
+            }
+            match self
+                .events
+                .recv_timeout(wake.saturating_duration_since(now))
+            {
+                Ok(event) => self.handle(&mut at, event)?,
+                Err(RecvTimeoutError::Timeout) => self.on_time(&mut at)?,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::PeerAborted("session channel closed".into()))
+                }
+            }
         }
-        let wake = match (next_report, &local) {
-            (Some(at), None) => next_tick.min(watchdog.next).min(at),
-            _ => next_tick.min(watchdog.next),
+        let (local, remote) = (
+            at.local.expect("loop ends with both"),
+            at.remote.expect("loop ends with both"),
+        );
+        verify_totals(self.req, &local.streams, &remote.streams)?;
+        Ok(PhaseOutcome { local, remote })
+    }
+
+    /// Makes every stream's work, then starts the clock and hands them all to
+    /// the workers at once.
+    fn start_streams(&self, stop: &Arc<AtomicBool>) -> Result<Progress> {
+        let req = self.req;
+        let limit_for = |id: u32| match stream_bytes(req, id) {
+            Some(b) => Limit::Bytes(b),
+            None => Limit::For(Duration::from_secs_f64(req.seconds.unwrap_or(0.0))),
         };
-        let wait = wake.saturating_duration_since(now);
-        match events.recv_timeout(wait) {
-            Ok(Event::Worker { result: Ok(_), id }) => {
-                watchdog.finished(id);
-                pending -= 1;
-                if pending == 0 {
+        let senders = self.streams.iter().filter(|s| s.role == Role::Send).count();
+        let pacer = req.rate_bps.map(|r| Arc::new(Pacer::shared(r, senders)));
+        let mut works = Vec::with_capacity(self.streams.len());
+        for s in self.streams {
+            works.push(match s.role {
+                Role::Send => Work::Send(
+                    self.plane.source(s.id)?,
+                    SendBudget::new(limit_for(s.id), pacer.clone(), stop.clone()),
+                ),
+                Role::Receive => Work::Receive(self.plane.sink(s.id)?),
+            });
+        }
+        let cpu_start = CpuSnapshot::now();
+        let start = Instant::now();
+        let started = self
+            .streams
+            .iter()
+            .zip(works)
+            .map(|(s, mut work)| {
+                if let Work::Send(_, budget) = &mut work {
+                    budget.started_at(start);
+                }
+                let events = self.events_tx.clone();
+                let id = s.id;
+                let finished: Finished = Box::new(move |result| {
+                    let _ = events.send(Event::Worker { id, result });
+                });
+                (s.clone(), work, finished)
+            })
+            .collect();
+        stream::start(started)?;
+        let next_report = match self.peer {
+            PeerStreams::Report(period) => Some((start + period, period)),
+            PeerStreams::Collect(_) => None,
+        };
+        Ok(Progress {
+            start,
+            cpu_start,
+            watchdog: Watchdog::new(self.streams.len(), start),
+            pending: self.streams.len(),
+            local: None,
+            remote: None,
+            next_tick: start + self.tick_every,
+            next_report,
+            give_up: None,
+        })
+    }
+
+    /// The client, until its `Done`: sends the server its streams when a
+    /// report is due. True when it was due.
+    fn report_if_due(&mut self, at: &mut Progress, now: Instant) -> Result<bool> {
+        let (Some((due, period)), None) = (at.next_report, &at.local) else {
+            return Ok(false);
+        };
+        if now < due {
+            return Ok(false);
+        }
+        for s in self.streams {
+            s.sample();
+        }
+        // A report is the latest state: while the peer has not taken in the
+        // last one (the control connection's share of a crowded path), this
+        // one is skipped rather than queued behind it, so the loop never
+        // waits to write.
+        if sockopt::drained(self.control.socket()) {
+            let report = StreamsReport {
+                streams: self.streams.iter().map(|s| s.report()).collect(),
+            };
+            self.control.send(&Message::StreamsReport(report))?;
+        }
+        // Never a burst of catch-up reports after a slow moment.
+        at.next_report = Some(((due + period).max(Instant::now()), period));
+        Ok(true)
+    }
+
+    fn handle(&mut self, at: &mut Progress, event: Event) -> Result<()> {
+        match event {
+            Event::Worker { result: Ok(_), id } => {
+                at.watchdog.finished(id);
+                at.pending -= 1;
+                if at.pending == 0 {
                     let done = Done {
-                        streams: streams.iter().map(|s| s.report()).collect(),
-                        cpu: cpu_start.report_until(&CpuSnapshot::now()),
-                        seconds: start.elapsed().as_secs_f64(),
-                        mode_summary: plane.summary()?,
+                        streams: self.streams.iter().map(|s| s.report()).collect(),
+                        cpu: at.cpu_start.report_until(&CpuSnapshot::now()),
+                        seconds: at.start.elapsed().as_secs_f64(),
+                        mode_summary: self.plane.summary()?,
                     };
-                    control.send(&Message::Done(Box::new(done.clone())))?;
-                    local = Some(done);
-                    give_up = Some(Instant::now() + SHUTDOWN_TIMEOUT);
+                    self.control.send(&Message::Done(Box::new(done.clone())))?;
+                    at.local = Some(done);
+                    at.give_up = Some(Instant::now() + SHUTDOWN_TIMEOUT);
                 }
             }
-            Ok(Event::Worker { result: Err(e), .. }) => return Err(e),
-            Ok(Event::Control(Ok(Message::Done(d)))) => {
-                if let PeerStreams::Collect(collect) = peer {
-                    collect(check_report(req, d.streams.clone())?);
+            Event::Worker { result: Err(e), .. } => return Err(e),
+            Event::Control(Ok(Message::Done(d))) => {
+                if let PeerStreams::Collect(collect) = self.peer {
+                    collect(check_report(self.req, d.streams.clone())?);
                 }
-                remote = Some(*d);
+                at.remote = Some(*d);
             }
-            Ok(Event::Control(Ok(Message::StreamsReport(r)))) => match peer {
-                PeerStreams::Collect(collect) => collect(check_report(req, r.streams)?),
+            Event::Control(Ok(Message::StreamsReport(r))) => match self.peer {
+                PeerStreams::Collect(collect) => collect(check_report(self.req, r.streams)?),
                 PeerStreams::Report(_) => {
                     return Err(Error::Protocol(
                         "unexpected StreamsReport from the server: only the client reports".into(),
                     ))
                 }
             },
-            Ok(Event::Control(Ok(Message::ModeData(_)))) => {}
-            Ok(Event::Control(Ok(other))) => {
+            Event::Control(Ok(Message::ModeData(_))) => {}
+            Event::Control(Ok(other)) => {
                 return Err(Error::Protocol(format!(
                     "unexpected {:?} message during the data phase",
                     other.kind()
                 )))
             }
-            Ok(Event::Control(Err(e))) => return Err(e),
-            Ok(Event::Attached { .. }) => {} // a late duplicate; dropping it closes it
-            Err(RecvTimeoutError::Timeout) => {
-                let now = Instant::now();
-                if now >= next_tick {
-                    for s in streams {
-                        s.sample();
-                    }
-                    tick(streams, start.elapsed());
-                    next_tick = crate::ticks::next_tick(next_tick, tick_every, Instant::now());
-                }
-                if now >= watchdog.next {
-                    watchdog.check(streams, now)?;
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(Error::PeerAborted("session channel closed".into()))
-            }
+            Event::Control(Err(e)) => return Err(e),
+            Event::Attached { .. } => {} // a late duplicate; dropping it closes it
         }
+        Ok(())
     }
-    let (local, remote) = (
-        local.expect("loop ends with both"),
-        remote.expect("loop ends with both"),
-    );
-    verify_totals(req, &local.streams, &remote.streams)?;
-    Ok(PhaseOutcome { local, remote })
+
+    /// Nothing came before the next wake-up: samples and ticks, and checks
+    /// the streams' progress, when due.
+    fn on_time(&mut self, at: &mut Progress) -> Result<()> {
+        let now = Instant::now();
+        if now >= at.next_tick {
+            for s in self.streams {
+                s.sample();
+            }
+            (self.tick)(self.streams, at.start.elapsed());
+            at.next_tick = crate::ticks::next_tick(at.next_tick, self.tick_every, Instant::now());
+        }
+        if now >= at.watchdog.next {
+            at.watchdog.check(self.streams, now)?;
+        }
+        Ok(())
+    }
 }
 
 /// Fails the session when a stream makes no progress for

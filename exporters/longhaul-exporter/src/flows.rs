@@ -100,6 +100,9 @@ struct Flow {
     info: TcpInfo,
 }
 
+/// One flow's labels' `flow` and its RTT (µs), window and pacing rate.
+type PerFlow = (String, f64, u64, Option<u64>);
+
 #[derive(Debug, Default)]
 struct Group {
     /// Counters of the connections that ended, as last seen.
@@ -113,6 +116,45 @@ impl Group {
     fn lowest_free_slot(&self) -> usize {
         let used: BTreeSet<usize> = self.flows.values().filter_map(|f| f.slot).collect();
         (0..).find(|i| !used.contains(i)).expect("a free slot")
+    }
+
+    /// Each slotted connection's round-trip time (µs), congestion window and
+    /// pacing rate by its slot, in slot order, then the rest as one "other"
+    /// (mean RTT, summed window and rates).
+    fn per_flow(&self) -> Vec<PerFlow> {
+        let mut slotted: Vec<(usize, &TcpInfo)> = self
+            .flows
+            .values()
+            .filter_map(|f| Some((f.slot?, &f.info)))
+            .collect();
+        slotted.sort_by_key(|(slot, _)| *slot);
+        let mut per_flow: Vec<PerFlow> = slotted
+            .into_iter()
+            .map(|(slot, info)| {
+                (
+                    slot.to_string(),
+                    f64::from(info.rtt_us),
+                    info.cwnd_bytes(),
+                    pacing_rate(info),
+                )
+            })
+            .collect();
+        let others: Vec<&TcpInfo> = self
+            .flows
+            .values()
+            .filter(|f| f.slot.is_none())
+            .map(|f| &f.info)
+            .collect();
+        if !others.is_empty() {
+            let rates: Vec<u64> = others.iter().filter_map(|i| pacing_rate(i)).collect();
+            per_flow.push((
+                OTHER.into(),
+                others.iter().map(|i| f64::from(i.rtt_us)).sum::<f64>() / others.len() as f64,
+                others.iter().map(|i| i.cwnd_bytes()).sum(),
+                (!rates.is_empty()).then(|| rates.iter().sum()),
+            ));
+        }
+        per_flow
     }
 }
 
@@ -320,38 +362,7 @@ impl FlowBook {
             received.push_u64(&g, total.received);
             retrans.push_u64(&g, total.retransmits);
 
-            let mut slotted: Vec<(usize, &TcpInfo)> = group
-                .flows
-                .values()
-                .filter_map(|f| Some((f.slot?, &f.info)))
-                .collect();
-            slotted.sort_by_key(|(slot, _)| *slot);
-            let mut per_flow: Vec<(String, f64, u64, Option<u64>)> = slotted
-                .into_iter()
-                .map(|(slot, info)| {
-                    (
-                        slot.to_string(),
-                        f64::from(info.rtt_us),
-                        info.cwnd_bytes(),
-                        pacing_rate(info),
-                    )
-                })
-                .collect();
-            let others: Vec<&TcpInfo> = group
-                .flows
-                .values()
-                .filter(|f| f.slot.is_none())
-                .map(|f| &f.info)
-                .collect();
-            if !others.is_empty() {
-                let rates: Vec<u64> = others.iter().filter_map(|i| pacing_rate(i)).collect();
-                per_flow.push((
-                    OTHER.into(),
-                    others.iter().map(|i| f64::from(i.rtt_us)).sum::<f64>() / others.len() as f64,
-                    others.iter().map(|i| i.cwnd_bytes()).sum(),
-                    (!rates.is_empty()).then(|| rates.iter().sum()),
-                ));
-            }
+            let per_flow = group.per_flow();
             for (flow, rtt_us, cwnd_b, rate) in per_flow {
                 let l = [
                     ("remote", key.remote.as_str()),

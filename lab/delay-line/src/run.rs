@@ -118,6 +118,79 @@ fn format_rate(bps: u64) -> String {
     }
 }
 
+/// One forwarding thread: its direction's label, its counters, the thread,
+/// and its counters as last reported.
+type Leg = (
+    &'static str,
+    Arc<DirectionStats>,
+    thread::JoinHandle<Result<()>>,
+    Snapshot,
+);
+
+/// Reports every leg's counters each `stats_interval` until a stop signal
+/// comes or a forwarding thread ends; says which.
+fn supervise(
+    cfg: &RunConfig,
+    signals: &libc::sigset_t,
+    workers: &mut [Leg],
+    input_names: &[String],
+) -> String {
+    let mut last_report = Instant::now();
+    loop {
+        if let Some(sig) = wait_signal(signals, SUPERVISE_TICK) {
+            break format!("signal {sig}");
+        }
+        if let Some((label, ..)) = workers.iter().find(|w| w.2.is_finished()) {
+            break format!("forwarding thread {label} stopped");
+        }
+        let elapsed = last_report.elapsed();
+        if !cfg.stats_interval.is_zero() && elapsed >= cfg.stats_interval {
+            for ((label, stats, _, prev), input) in workers.iter_mut().zip(input_names) {
+                let now = Snapshot::observe(stats, input, true);
+                crate::log(Report {
+                    direction: label,
+                    now,
+                    prev: *prev,
+                    seconds: elapsed.as_secs_f64(),
+                });
+                *prev = now;
+            }
+            last_report = Instant::now();
+        }
+    }
+}
+
+/// Joins the stopped forwarding threads and logs each one's totals; the
+/// last failure, if any.
+fn join_all(workers: Vec<Leg>, input_names: &[String]) -> Option<Error> {
+    let mut failure = None;
+    for ((label, stats, handle, _), input) in workers.into_iter().zip(input_names) {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failure = Some(e),
+            Err(_) => {
+                failure = Some(Error::Io {
+                    what: "forwarding thread panicked",
+                    source: std::io::Error::other(label),
+                })
+            }
+        }
+        // Joined: its thread id may be another thread's now; its recorded
+        // times stand in.
+        stats.tid.store(0, Relaxed);
+        crate::log(format_args!(
+            "total {}",
+            Report {
+                direction: label,
+                now: Snapshot::observe(&stats, input, false),
+                prev: Snapshot::default(),
+                seconds: 0.0,
+            },
+        ));
+    }
+    failure
+}
+
 /// Runs the delay line until SIGINT/SIGTERM or a forwarding thread fails.
 pub fn run(cfg: &RunConfig) -> Result<()> {
     let signals = block_stop_signals();
@@ -194,57 +267,10 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
     );
     let _ = std::io::stdout().flush();
 
-    let mut last_report = Instant::now();
-    let reason = loop {
-        if let Some(sig) = wait_signal(&signals, SUPERVISE_TICK) {
-            break format!("signal {sig}");
-        }
-        if let Some((label, ..)) = workers.iter().find(|w| w.2.is_finished()) {
-            break format!("forwarding thread {label} stopped");
-        }
-        let elapsed = last_report.elapsed();
-        if !cfg.stats_interval.is_zero() && elapsed >= cfg.stats_interval {
-            for ((label, stats, _, prev), input) in workers.iter_mut().zip(&input_names) {
-                let now = Snapshot::observe(stats, input, true);
-                crate::log(Report {
-                    direction: label,
-                    now,
-                    prev: *prev,
-                    seconds: elapsed.as_secs_f64(),
-                });
-                *prev = now;
-            }
-            last_report = Instant::now();
-        }
-    };
-
+    let reason = supervise(cfg, &signals, &mut workers, &input_names);
     crate::log(format_args!("stopping ({reason})"));
     stop.store(true, Relaxed);
-    let mut failure = None;
-    for ((label, stats, handle, _), input) in workers.into_iter().zip(&input_names) {
-        match handle.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => failure = Some(e),
-            Err(_) => {
-                failure = Some(Error::Io {
-                    what: "forwarding thread panicked",
-                    source: std::io::Error::other(label),
-                })
-            }
-        }
-        // Joined: its thread id may be another thread's now; its recorded
-        // times stand in.
-        stats.tid.store(0, Relaxed);
-        crate::log(format_args!(
-            "total {}",
-            Report {
-                direction: label,
-                now: Snapshot::observe(&stats, input, false),
-                prev: Snapshot::default(),
-                seconds: 0.0,
-            },
-        ));
-    }
+    let failure = join_all(workers, &input_names);
     if let Some(installed) = routing.as_mut() {
         for e in installed.remove() {
             crate::log(format_args!("teardown: {e}"));

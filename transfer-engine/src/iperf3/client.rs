@@ -224,16 +224,19 @@ fn connect_udp_streams(addr: SocketAddr, opts: &SendOptions, total: u32) -> Resu
         .collect()
 }
 
-/// Runs an iperf3 test over `transport` (TCP or UDP) against the server
-/// at `opts.to` and returns longhaul's final report; `watch`, if any,
-/// follows the data phase.
-pub fn run(
-    opts: &SendOptions,
-    transport: Transport,
-    watch: Option<Watch<'_>>,
-) -> Result<FinalReport> {
-    let byte_limit = check(opts, transport)?;
-    let p = params(opts, transport);
+/// A test's control connection after the parameter exchange, with its
+/// streams connected.
+struct Connected {
+    ctrl: TcpStream,
+    cookie: Cookie,
+    addr: SocketAddr,
+    shape: crate::messages::SessionRequest,
+    sockets: Sockets,
+}
+
+/// Connects to the server at `opts.to`, sends our cookie and parameters,
+/// and connects the test's streams when the server asks for them.
+fn connect(opts: &SendOptions, transport: Transport, p: &Params) -> Result<Connected> {
     let addr = connection::resolve(&opts.to)?;
     // iperf3's server starts the test as soon as the streams are attached,
     // so `--start-at` is when we connect: a round trip or two before the
@@ -254,9 +257,8 @@ pub fn run(
             .write_all(&cookie.to_wire())
             .map_err(|e| Error::io("sending the iperf3 cookie", e))?;
     }
-    let mut w = &ctrl;
     match read_state(&ctrl)? {
-        State::ParamExchange => control::send_json(&mut w, &p.to_json())?,
+        State::ParamExchange => control::send_json(&mut &ctrl, &p.to_json())?,
         s => {
             return Err(Error::Protocol(format!(
                 "expected PARAM_EXCHANGE, got {s:?}"
@@ -277,6 +279,33 @@ pub fn run(
         Transport::Udp => Sockets::Udp(connect_udp_streams(addr, opts, total)?),
         _ => Sockets::Tcp(connect_streams(addr, cookie, opts, total)?),
     };
+    Ok(Connected {
+        ctrl,
+        cookie,
+        addr,
+        shape,
+        sockets,
+    })
+}
+
+/// Runs an iperf3 test over `transport` (TCP or UDP) against the server
+/// at `opts.to` and returns longhaul's final report; `watch`, if any,
+/// follows the data phase.
+pub fn run(
+    opts: &SendOptions,
+    transport: Transport,
+    watch: Option<Watch<'_>>,
+) -> Result<FinalReport> {
+    let byte_limit = check(opts, transport)?;
+    let p = params(opts, transport);
+    let Connected {
+        ctrl,
+        cookie,
+        addr,
+        shape,
+        sockets,
+    } = connect(opts, transport, &p)?;
+    let mut w = &ctrl;
     let (tx, events) = mpsc::channel();
     ctrl.set_read_timeout(None)
         .map_err(|e| Error::io("iperf3 control connection", e))?;
@@ -351,7 +380,17 @@ pub fn run(
     let _ = control::send_state(&mut w, State::IperfDone);
     let _ = ctrl.shutdown(std::net::Shutdown::Both);
     Ok(report(
-        opts, &test, &ours, &theirs, cpu_report, counted, started, cookie, addr,
+        opts,
+        &Ended {
+            test: &test,
+            ours: &ours,
+            theirs: &theirs,
+            cpu: cpu_report,
+            counted,
+            started,
+            cookie,
+            addr,
+        },
     ))
 }
 
@@ -493,19 +532,32 @@ fn server_cpu(r: &Results) -> CpuReport {
     }
 }
 
-/// Longhaul's final report of an iperf3 test.
-#[allow(clippy::too_many_arguments)]
-fn report(
-    opts: &SendOptions,
-    test: &TestStreams,
-    ours: &Results,
-    theirs: &Results,
+/// What an ended test leaves for its report: its streams, both ends'
+/// results, our CPU, the seconds counted, when it started, its cookie and
+/// the server's address.
+struct Ended<'a> {
+    test: &'a TestStreams,
+    ours: &'a Results,
+    theirs: &'a Results,
     cpu: CpuReport,
     counted: TestSeconds,
     started: std::time::SystemTime,
     cookie: Cookie,
     addr: SocketAddr,
-) -> FinalReport {
+}
+
+/// Longhaul's final report of an iperf3 test.
+fn report(opts: &SendOptions, ended: &Ended<'_>) -> FinalReport {
+    let &Ended {
+        test,
+        ours,
+        theirs,
+        cpu,
+        counted,
+        started,
+        cookie,
+        addr,
+    } = ended;
     // The test lasted until the last byte arrived at whichever end received
     // it: our receiving streams (counted), the server's (its end_time for
     // the streams we sent, bounded against a server's odd clock).

@@ -339,6 +339,21 @@ impl Protocol for Iperf3Protocol {
     }
 }
 
+/// Why a test found no slot free, in the log.
+fn slot_refused(why: Refusal, peer: SocketAddr, ctx: &Context) -> String {
+    match why {
+        Refusal::SourceBusy => format!(
+            "iperf3 test refused: {} already holds {} tests (--iperf3-max-tests-per-source)",
+            peer.ip(),
+            ctx.tests.per_source()
+        ),
+        _ => format!(
+            "iperf3 test refused: already running {} tests (--iperf3-max-tests)",
+            ctx.opts.max_tests
+        ),
+    }
+}
+
 /// A new test's control connection, from its cookie on: parameters,
 /// credentials, limits, admission, a slot, the test.
 fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
@@ -416,17 +431,7 @@ fn handle_control(arrival: Arrival, ticket: Ticket, ctx: &Arc<Context>) {
             let _ = w.write_all(&[State::AccessDenied.byte()]);
             // Through the port's rate limit: refused clients come back
             // at once, in a loop.
-            return reporter.report(&match why {
-                Refusal::SourceBusy => format!(
-                    "iperf3 test refused: {} already holds {} tests (--iperf3-max-tests-per-source)",
-                    peer.ip(),
-                    ctx.tests.per_source()
-                ),
-                _ => format!(
-                    "iperf3 test refused: already running {} tests (--iperf3-max-tests)",
-                    ctx.opts.max_tests
-                ),
-            });
+            return reporter.report(&slot_refused(why, peer, ctx));
         }
     };
     let who = match &user {
@@ -521,7 +526,6 @@ fn run_test(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn test_phases(
     stream: &TcpStream,
     params: &Params,

@@ -156,6 +156,22 @@ impl Carried {
     }
 }
 
+/// The md software RAID arrays of the layout and their members.
+fn md_families(layout: &Layout) -> [Family; 2] {
+    let mut md_info = Family::gauge("longhaul_md_info", "An md software RAID array; always 1.");
+    let mut md_member = Family::gauge(
+        "longhaul_md_member_info",
+        "A member device (partition or disk) of an md array; always 1.",
+    );
+    for md in &layout.md {
+        md_info.push(&[("md", &md.name), ("level", &md.level)], 1.0);
+        for m in &md.members {
+            md_member.push(&[("md", &md.name), ("device", m)], 1.0);
+        }
+    }
+    [md_info, md_member]
+}
+
 /// How much a disk counter grew from `before` to `now`; a counter that went
 /// down restarted (the disk was re-added), so all of `now` is new.
 fn grown(before: u64, now: u64) -> u64 {
@@ -268,21 +284,10 @@ impl Collector for RaidCollector {
             }
         }
 
-        let mut md_info = Family::gauge("longhaul_md_info", "An md software RAID array; always 1.");
-        let mut md_member = Family::gauge(
-            "longhaul_md_member_info",
-            "A member device (partition or disk) of an md array; always 1.",
-        );
-        for md in &layout.md {
-            md_info.push(&[("md", &md.name), ("level", &md.level)], 1.0);
-            for m in &md.members {
-                md_member.push(&[("md", &md.name), ("device", m)], 1.0);
-            }
-        }
-
         out.extend([
-            info, disks_f, read_b, written_b, reads, writes, io_time, disk_info, md_info, md_member,
+            info, disks_f, read_b, written_b, reads, writes, io_time, disk_info,
         ]);
+        out.extend(md_families(&layout));
         if !problems.is_empty() {
             bail!("{}", problems.join("; "));
         }

@@ -181,6 +181,140 @@ struct Shared {
     _claims: Option<ClaimSet>,
 }
 
+/// The receiver's plan as it is drawn up, entry by entry of the manifest.
+struct Planning<'a> {
+    root: &'a Root,
+    manifest: &'a Manifest,
+    claimant: Option<&'a Claimant>,
+    claims: Option<ClaimSet>,
+    map: DeviceMap,
+    plan: Plan,
+    totals: Totals,
+    /// Directories to create, with their entries (modes and times are set
+    /// at the end).
+    dirs: Vec<(String, ManifestEntry)>,
+}
+
+impl Planning<'_> {
+    /// Plans one entry at `path` (its wire path): refused, a directory made,
+    /// a file skipped as complete, or a file to write (from where, on which
+    /// device group).
+    fn entry(&mut self, e: &ManifestEntry, path: &str) -> Result<Option<Expect>, DiskError> {
+        let path = path.to_string();
+        let comps = safepath::components(&path)?;
+        if let Some(c) = comps.iter().find(|c| partial::is_internal(c)) {
+            return Err(DiskError::Refused {
+                path: path.clone(),
+                reason: format!("'{c}' is a name longhaul keeps for its own temporary files"),
+            });
+        }
+        if !e.dir && e.size > MAX_FILE_SIZE {
+            return Err(DiskError::Refused {
+                path: path.clone(),
+                reason: format!(
+                    "{} bytes, more than the largest file this receiver takes ({MAX_FILE_SIZE} bytes, 1 PiB)",
+                    e.size
+                ),
+            });
+        }
+        if e.dir {
+            self.root.open_dir(&comps, true, &path)?;
+            self.dirs.push((path.clone(), e.clone()));
+            return Ok(None);
+        }
+        let (dir, name) = self.root.parent_of(&path, true)?;
+        if let (Some(c), Some(set)) = (self.claimant, self.claims.as_mut()) {
+            let key = ClaimKey {
+                dir: dir
+                    .identity()
+                    .map_err(|err| DiskError::from_io(path.clone(), err))?,
+                name: name.to_string(),
+            };
+            c.claim(set, key).map_err(|by| DiskError::InUse {
+                path: path.clone(),
+                by,
+            })?;
+        }
+        let have = if self.manifest.resume {
+            partial::what_we_have(&dir, name, e)
+                .map_err(|err| DiskError::from_io(path.clone(), err))?
+        } else {
+            Have::Nothing
+        };
+        let from = match have {
+            Have::Complete { by_checksum } => {
+                self.skipped(e, by_checksum);
+                return Ok(None);
+            }
+            Have::Partial(off) => {
+                self.plan.resume.push((e.id, off));
+                off
+            }
+            Have::Nothing => 0,
+        };
+        let dev = dir
+            .dev()
+            .map_err(|err| DiskError::from_io(path.clone(), err))?;
+        let group = self.map.group_of(dev);
+        Ok(Some(Expect {
+            entry: e.clone(),
+            path,
+            from,
+            worker: 0,
+            group,
+        }))
+    }
+
+    /// A file already complete here: skipped, and counted.
+    fn skipped(&mut self, e: &ManifestEntry, by_checksum: bool) {
+        self.plan.skip.push(e.id);
+        let totals = &mut self.totals;
+        totals.files += 1;
+        totals.file_bytes += e.size;
+        totals.skipped += 1;
+        totals.skipped_bytes += e.size;
+        if by_checksum {
+            totals.skipped_by_checksum += 1;
+            totals.skipped_by_checksum_bytes += e.size;
+        }
+    }
+}
+
+/// The writers' work queues and threads, one of each per writer.
+type Writers = (Vec<Arc<WorkQueue>>, Vec<JoinHandle<()>>);
+
+/// Starts the session's `nworkers` writers, each with its IO queue and its
+/// work queue (up to one block per stream of `streams`).
+fn start_writers(
+    shared: &Arc<Shared>,
+    nworkers: usize,
+    streams: usize,
+    dest: &str,
+) -> Result<Writers, DiskError> {
+    let mut queues = Vec::new();
+    let mut handles = Vec::new();
+    let backend = Backend::from_env();
+    for _ in 0..nworkers {
+        let mut io = IoQueue::new(WRITE_DEPTH, backend);
+        let kicker = io
+            .kicker()
+            .map_err(|e| DiskError::from_io(dest.to_string(), e))?;
+        // Up to one block per stream queued per worker: a writer that
+        // is descheduled for a moment does not stall every stream at
+        // once. Memory stays bounded by the buffer pool either way.
+        let queue = Arc::new(WorkQueue::new(streams.max(4), kicker));
+        queues.push(queue.clone());
+        let sh = shared.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("lh-disk-write".into())
+                .spawn(move || write_worker(queue, io, sh))
+                .expect("spawn writer thread"),
+        );
+    }
+    Ok((queues, handles))
+}
+
 /// The running receiver pipeline; share it (Arc) with every data stream.
 /// Dropped without [`Self::finish`] (a failed session), it still stops its
 /// writers: they finish the writes in flight, save resume sidecars and end.
@@ -219,16 +353,20 @@ impl ReceivePipeline {
         }
         safepath::validate_dest(&manifest.dest)?;
         let root = Root::open(root)?;
-        let mut map = DeviceMap::new(&opts.sysfs);
-        let mut plan = Plan::default();
-        let mut files: Vec<Option<Expect>> = vec![None; manifest.entries.len()];
-        let mut totals = Totals {
-            done: vec![true; manifest.entries.len()],
-            ..Totals::default()
+        let mut planning = Planning {
+            root: &root,
+            manifest,
+            claimant,
+            claims: claimant.map(Claimant::start),
+            map: DeviceMap::new(&opts.sysfs),
+            plan: Plan::default(),
+            totals: Totals {
+                done: vec![true; manifest.entries.len()],
+                ..Totals::default()
+            },
+            dirs: Vec::new(),
         };
-        let mut dirs = Vec::new();
         let mut expected: Vec<Expect> = Vec::new();
-        let mut claims = claimant.map(Claimant::start);
         for (i, e) in manifest.entries.iter().enumerate() {
             if e.id as usize != i {
                 return Err(DiskError::Refused {
@@ -237,100 +375,33 @@ impl ReceivePipeline {
                 });
             }
             let path = safepath::join(&manifest.dest, &e.path);
-            let planned = (|| -> Result<Option<Expect>, DiskError> {
-                let comps = safepath::components(&path)?;
-                if let Some(c) = comps.iter().find(|c| partial::is_internal(c)) {
-                    return Err(DiskError::Refused {
-                        path: path.clone(),
-                        reason: format!(
-                            "'{c}' is a name longhaul keeps for its own temporary files"
-                        ),
-                    });
-                }
-                if !e.dir && e.size > MAX_FILE_SIZE {
-                    return Err(DiskError::Refused {
-                        path: path.clone(),
-                        reason: format!(
-                            "{} bytes, more than the largest file this receiver takes ({MAX_FILE_SIZE} bytes, 1 PiB)",
-                            e.size
-                        ),
-                    });
-                }
-                if e.dir {
-                    root.open_dir(&comps, true, &path)?;
-                    dirs.push((path.clone(), e.clone()));
-                    return Ok(None);
-                }
-                let (dir, name) = root.parent_of(&path, true)?;
-                if let (Some(c), Some(set)) = (claimant, claims.as_mut()) {
-                    let key = ClaimKey {
-                        dir: dir
-                            .identity()
-                            .map_err(|err| DiskError::from_io(path.clone(), err))?,
-                        name: name.to_string(),
-                    };
-                    c.claim(set, key).map_err(|by| DiskError::InUse {
-                        path: path.clone(),
-                        by,
-                    })?;
-                }
-                let have = if manifest.resume {
-                    partial::what_we_have(&dir, name, e)
-                        .map_err(|err| DiskError::from_io(path.clone(), err))?
-                } else {
-                    Have::Nothing
-                };
-                let from = match have {
-                    Have::Complete { by_checksum } => {
-                        plan.skip.push(e.id);
-                        totals.files += 1;
-                        totals.file_bytes += e.size;
-                        totals.skipped += 1;
-                        totals.skipped_bytes += e.size;
-                        if by_checksum {
-                            totals.skipped_by_checksum += 1;
-                            totals.skipped_by_checksum_bytes += e.size;
-                        }
-                        return Ok(None);
-                    }
-                    Have::Partial(off) => {
-                        plan.resume.push((e.id, off));
-                        off
-                    }
-                    Have::Nothing => 0,
-                };
-                let dev = dir
-                    .dev()
-                    .map_err(|err| DiskError::from_io(path.clone(), err))?;
-                let group = map.group_of(dev);
-                Ok(Some(Expect {
-                    entry: e.clone(),
-                    path: path.clone(),
-                    from,
-                    worker: 0,
-                    group,
-                }))
-            })();
-            match planned {
+            match planning.entry(e, &path) {
                 Ok(Some(x)) => expected.push(x),
                 Ok(None) => {}
                 Err(err) => {
                     let f = FileFailure::new(e.id, &path, &err);
-                    plan.refused.push(f.clone());
-                    totals.failures.push(f);
+                    planning.plan.refused.push(f.clone());
+                    planning.totals.failures.push(f);
                 }
             }
         }
+        let Planning {
+            claims,
+            map,
+            plan,
+            mut totals,
+            dirs,
+            ..
+        } = planning;
         // Bind each file to a worker of its group, round-robin.
         let per_device = opts.io_workers_per_device.max(1);
         let ngroups = map.groups().len().max(1);
         let mut dealt = vec![0usize; ngroups];
-        for x in &mut expected {
+        let mut files: Vec<Option<Expect>> = vec![None; manifest.entries.len()];
+        for mut x in expected {
             x.worker = x.group * per_device + dealt[x.group] % per_device;
             dealt[x.group] += 1;
             totals.done[x.entry.id as usize] = false;
-        }
-        for x in expected {
             let id = x.entry.id as usize;
             files[id] = Some(x);
         }
@@ -354,27 +425,7 @@ impl ReceivePipeline {
             direct: opts.direct,
             _claims: claims,
         });
-        let mut queues = Vec::new();
-        let mut handles = Vec::new();
-        let backend = Backend::from_env();
-        for _ in 0..nworkers {
-            let mut io = IoQueue::new(WRITE_DEPTH, backend);
-            let kicker = io
-                .kicker()
-                .map_err(|e| DiskError::from_io(manifest.dest.clone(), e))?;
-            // Up to one block per stream queued per worker: a writer that
-            // is descheduled for a moment does not stall every stream at
-            // once. Memory stays bounded by the buffer pool either way.
-            let queue = Arc::new(WorkQueue::new(opts.streams.max(4), kicker));
-            queues.push(queue.clone());
-            let sh = shared.clone();
-            handles.push(
-                std::thread::Builder::new()
-                    .name("lh-disk-write".into())
-                    .spawn(move || write_worker(queue, io, sh))
-                    .expect("spawn writer thread"),
-            );
-        }
+        let (queues, handles) = start_writers(&shared, nworkers, opts.streams, &manifest.dest)?;
         let pipe = ReceivePipeline {
             shared,
             queues,
@@ -677,44 +728,10 @@ impl Intake {
                         continue;
                     }
                     let h = FrameHeader::decode(buf)?;
-                    self.state = match h.kind {
-                        FrameKind::EndOfStream => return Ok(Progress::Done),
-                        FrameKind::KeepAlive => Reading::Header {
-                            buf: [0; FRAME_HEADER_LEN],
-                            got: 0,
-                        },
-                        FrameKind::Data => {
-                            self.pipeline.check(&h)?;
-                            Reading::Data {
-                                h,
-                                buf: None,
-                                got: 0,
-                            }
-                        }
-                        FrameKind::Fail => {
-                            self.pipeline.check(&h)?;
-                            Reading::Fail {
-                                h,
-                                msg: vec![0; h.len as usize],
-                                got: 0,
-                            }
-                        }
-                        FrameKind::Hole => self.hand(
-                            &h,
-                            Work::Hole {
-                                file: h.file,
-                                offset: h.offset,
-                                len: h.value,
-                            },
-                        )?,
-                        FrameKind::End => self.hand(
-                            &h,
-                            Work::End {
-                                file: h.file,
-                                checksum: h.value,
-                            },
-                        )?,
-                    };
+                    match self.after_header(h)? {
+                        Some(next) => self.state = next,
+                        None => return Ok(Progress::Done),
+                    }
                 }
                 Reading::Data { h, buf, got } => {
                     if buf.is_none() {
@@ -770,6 +787,49 @@ impl Intake {
                 }
             }
         }
+    }
+
+    /// What a frame's header leads to: reading its payload, or handing its
+    /// work on; `None` at the stream's end marker.
+    fn after_header(&self, h: FrameHeader) -> io::Result<Option<Reading>> {
+        Ok(Some(match h.kind {
+            FrameKind::EndOfStream => return Ok(None),
+            FrameKind::KeepAlive => Reading::Header {
+                buf: [0; FRAME_HEADER_LEN],
+                got: 0,
+            },
+            FrameKind::Data => {
+                self.pipeline.check(&h)?;
+                Reading::Data {
+                    h,
+                    buf: None,
+                    got: 0,
+                }
+            }
+            FrameKind::Fail => {
+                self.pipeline.check(&h)?;
+                Reading::Fail {
+                    h,
+                    msg: vec![0; h.len as usize],
+                    got: 0,
+                }
+            }
+            FrameKind::Hole => self.hand(
+                &h,
+                Work::Hole {
+                    file: h.file,
+                    offset: h.offset,
+                    len: h.value,
+                },
+            )?,
+            FrameKind::End => self.hand(
+                &h,
+                Work::End {
+                    file: h.file,
+                    checksum: h.value,
+                },
+            )?,
+        }))
     }
 
     /// The state that hands `work` to the writer of `h`'s file.
@@ -1056,17 +1116,11 @@ impl Worker<'_> {
             if o.digest.holds_any(first, end)
                 || o.writing.iter().any(|&i| (first..end).contains(&i))
             {
-                if let Work::Data { buf, .. } = work {
-                    sh.pool.put(buf);
-                }
-                self.close(id);
                 let e = format!(
                     "{}: the sender sent chunk {first} again (or data where it sent a hole)",
                     x.path
                 );
-                fail(sh, x, "protocol", e);
-                self.closed.insert(id);
-                return;
+                return self.give_up(id, x, work, "protocol", e);
             }
         }
         // Only a write needs the file open: holes, ends and a resumed
@@ -1079,16 +1133,28 @@ impl Worker<'_> {
         } else {
             Ok(())
         } {
-            if let Work::Data { buf, .. } = work {
-                sh.pool.put(buf);
-            }
             // No sidecar save: its temporary file may not be the one this
             // session wrote (a resume re-hashes the prefix either way).
-            self.close(id);
-            fail(sh, x, e.code(), e.to_string());
-            self.closed.insert(id);
-            return;
+            return self.give_up(id, x, work, e.code(), e.to_string());
         }
+        self.apply(id, x, work);
+    }
+
+    /// File `id` failed: `work`'s buffer back to the pool, the file closed
+    /// and failed with `code` and `why`; its later frames are dropped.
+    fn give_up(&mut self, id: u32, x: &Expect, work: Work, code: &str, why: String) {
+        if let Work::Data { buf, .. } = work {
+            self.sh.pool.put(buf);
+        }
+        self.close(id);
+        fail(self.sh, x, code, why);
+        self.closed.insert(id);
+    }
+
+    /// `work` on open file `id`: a write submitted, or the digest (a
+    /// resumed prefix, a hole) or the end marker taken in.
+    fn apply(&mut self, id: u32, x: &Expect, work: Work) {
+        let sh = self.sh;
         let o = self.open.get_mut(&id).expect("opened above");
         match work {
             Work::Data {
