@@ -79,6 +79,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A usage error: said with a pointer to the help, exit code 2.
+fn usage(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("longhaul: {e}\n(see longhaul --help)");
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     // Help and version exit 0; usage errors print clap's message (with a
     // suggestion for a misspelt flag) and exit 2.
@@ -89,16 +95,25 @@ fn main() -> ExitCode {
             if let Some(e) = err.downcast_ref::<clap::Error>() {
                 e.exit();
             }
-            match err.downcast_ref::<longhaul_engine::Error>() {
-                Some(e @ longhaul_engine::Error::Usage(_)) => {
-                    eprintln!("longhaul: {e}\n(see longhaul --help)");
-                    ExitCode::from(2)
-                }
-                Some(e) => {
+            // A science command's own errors (Prometheus, its files) are
+            // not a transfer's; a transfer it ran reports as `send` would.
+            let science = err.downcast_ref::<longhaul_science::Error>();
+            let engine = match science {
+                Some(longhaul_science::Error::Transfer(e)) => Some(e),
+                _ => err.downcast_ref::<longhaul_engine::Error>(),
+            };
+            match (engine, science) {
+                (Some(e @ longhaul_engine::Error::Usage(_)), _) => usage(e),
+                (_, Some(e @ longhaul_science::Error::Usage(_))) => usage(e),
+                (Some(e), _) => {
                     eprintln!("longhaul: transfer failed: {e}");
                     ExitCode::from(e.exit_code() as u8)
                 }
-                None => {
+                (None, Some(e)) => {
+                    eprintln!("longhaul: {e}");
+                    ExitCode::from(e.exit_code() as u8)
+                }
+                (None, None) => {
                     eprintln!("longhaul: transfer failed: {err:#}");
                     ExitCode::from(1)
                 }

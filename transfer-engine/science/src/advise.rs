@@ -18,11 +18,11 @@
 //! one stream fill the path. The RTT used is the median of the timed pings:
 //! the path's RTT including the queueing it typically has.
 
+use crate::Result;
 use longhaul_engine::auth::Token;
 use longhaul_engine::limits::{MAX_BUFFER, MAX_STREAMS};
 use longhaul_engine::messages::SocketLimits;
 use longhaul_engine::probe::{self, RMEM_MAX, TCP_RMEM, TCP_WMEM, WMEM_MAX};
-use longhaul_engine::Result;
 use longhaul_units::{format_bps, format_bytes, size_arg};
 use serde::Serialize;
 

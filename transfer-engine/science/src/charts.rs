@@ -14,7 +14,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use longhaul_engine::{Error, Result};
+use crate::{Error, Result};
 
 /// Figure size in pixels (fits a laptop screen two-thirds wide).
 pub const WIDTH: u32 = 860;

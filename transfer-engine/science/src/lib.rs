@@ -12,6 +12,9 @@
 //!   from result files ([`results`]) and optionally Prometheus
 //!   ([`prometheus`]).
 //!
+//! Its errors are its own ([`Error`]): a failed transfer keeps the
+//! engine's, what only science meets (Prometheus, its files) is named here.
+//!
 //! [`SendOptions`]: longhaul_engine::client::SendOptions
 //! [`client::run`]: longhaul_engine::client::run
 //! [`probe::measure`]: longhaul_engine::probe::measure
@@ -19,8 +22,11 @@
 pub mod advise;
 pub mod charts;
 pub mod csv;
+pub mod error;
 pub mod load;
 pub mod prometheus;
 pub mod report;
 pub mod results;
 pub mod sweep;
+
+pub use error::{Error, Result};

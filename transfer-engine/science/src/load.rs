@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::{Error, Result};
 use longhaul_engine::client::{self, SendOptions};
 use longhaul_engine::planes::{Amount, Payload};
-use longhaul_engine::{Error, Result};
 
 /// Length of one load session. Short enough that stopping is quick, long
 /// enough that the handshake gaps are under 1% of the time.
@@ -63,7 +63,7 @@ impl Load {
         };
         std::thread::sleep(LOAD_RAMP_UP);
         if let Some(e) = load.error() {
-            return Err(Error::PeerAborted(format!("background load failed: {e}")));
+            return Err(Error::Failed(format!("background load failed: {e}")));
         }
         Ok(load)
     }

@@ -11,12 +11,13 @@
 //! (DESIGN.md): session and per-stream throughput, CPU user/system/softirq
 //! per host, disk IO per RAID controller and per device.
 
+use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{Error, Result};
 use base64::Engine;
-use longhaul_engine::{Error, Result};
 use serde_json::Value;
 
 /// Connecting, asking and reading one answer. A query_range over a
@@ -249,6 +250,14 @@ pub struct PromSeries {
     pub points: Vec<(f64, f64)>,
 }
 
+/// Nothing listening at the address, or no route to it.
+fn unreachable(io: &std::io::Error) -> bool {
+    matches!(
+        io.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable
+    )
+}
+
 /// The TLS error inside an I/O error (rustls reports a refused certificate
 /// through the stream it wraps), said as what to do about it.
 fn tls_refusal(io: &std::io::Error) -> Option<String> {
@@ -264,7 +273,7 @@ fn tls_refusal(io: &std::io::Error) -> Option<String> {
 
 /// GETs `url` of `source` with the query `params`; returns the body of a
 /// 200 answer. What no other query would get past (a refused certificate,
-/// a refused password, nothing listening) is [`Error::Refused`]; the report
+/// a refused password, nothing listening) is [`Error::PrometheusRefused`]; the report
 /// stops on it rather than note it under every figure (see [`reach`]).
 fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     if !url.starts_with("http://") && !url.starts_with("https://") {
@@ -274,19 +283,29 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
     }
     let agent = source.agent()?;
     let authorization = source.authorization()?;
-    let fail = |e: ureq::Error| match e {
-        ureq::Error::Io(io) => match tls_refusal(&io) {
-            Some(why) => Error::Refused(format!("Prometheus at {url}: {why}")),
-            None => Error::io(format!("asking Prometheus at {url}"), io),
-        },
-        ureq::Error::Timeout(_) => Error::Timeout(format!(
+    let late = || {
+        Error::PrometheusTimeout(format!(
             "Prometheus at {url}: no complete answer within {} s",
             HTTP_TIMEOUT.as_secs()
-        )),
+        ))
+    };
+    let fail = |e: ureq::Error| match e {
+        ureq::Error::Io(io) => match tls_refusal(&io) {
+            Some(why) => Error::PrometheusRefused(format!("Prometheus at {url}: {why}")),
+            None if unreachable(&io) => {
+                Error::PrometheusRefused(format!("Prometheus at {url}: {io}"))
+            }
+            None if matches!(io.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => late(),
+            None => Error::io(format!("asking Prometheus at {url}"), io),
+        },
+        ureq::Error::Timeout(_) => late(),
         ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => {
-            Error::Refused(format!("Prometheus at {url}: {e}"))
+            Error::PrometheusRefused(format!("Prometheus at {url}: {e}"))
         }
-        other => Error::Protocol(format!("Prometheus at {url}: {other}")),
+        other => Error::PrometheusAnswer {
+            status: None,
+            message: format!("Prometheus at {url}: {other}"),
+        },
     };
     let mut request = agent.get(url).header("Accept", "application/json");
     if let Some(value) = &authorization {
@@ -304,16 +323,19 @@ fn get(source: &Source, url: &str, params: &[(&str, &str)]) -> Result<String> {
         .read_to_string()
         .map_err(fail)?;
     if status == 401 {
-        return Err(Error::Refused(format!(
+        return Err(Error::PrometheusRefused(format!(
             "Prometheus at {url} wants a user and password (401): give --prometheus-user and \
              --prometheus-password-file, or check them"
         )));
     }
     if status != 200 {
-        return Err(Error::Protocol(format!(
-            "Prometheus answered {status}: {}",
-            body.chars().take(300).collect::<String>()
-        )));
+        return Err(Error::PrometheusAnswer {
+            status: Some(status.as_u16()),
+            message: format!(
+                "Prometheus answered {status}: {}",
+                body.chars().take(300).collect::<String>()
+            ),
+        });
     }
     Ok(body)
 }
@@ -332,16 +354,19 @@ pub fn reach(source: &Source) -> Result<()> {
     );
     match get(source, &endpoint, &[]) {
         Ok(_) => Ok(()),
-        Err(e @ Error::Refused(_)) => Err(e),
-        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered 400") => {
-            Err(Error::Refused(format!(
-                "Prometheus at {}: {m} (plain HTTP to a TLS port? site.yml's Prometheus \
-                 wants https://)",
-                source.url
-            )))
-        }
-        Err(Error::Protocol(m)) if m.starts_with("Prometheus answered ") => Ok(()),
-        Err(e) => Err(Error::Refused(format!(
+        Err(e @ Error::PrometheusRefused(_)) => Err(e),
+        Err(Error::PrometheusAnswer {
+            status: Some(400),
+            message,
+        }) => Err(Error::PrometheusRefused(format!(
+            "Prometheus at {}: {message} (plain HTTP to a TLS port? site.yml's Prometheus \
+             wants https://)",
+            source.url
+        ))),
+        Err(Error::PrometheusAnswer {
+            status: Some(_), ..
+        }) => Ok(()),
+        Err(e) => Err(Error::PrometheusRefused(format!(
             "Prometheus at {} cannot be asked: {e}",
             source.url
         ))),
@@ -374,13 +399,18 @@ pub fn query_range(
 
 /// Parses a query_range answer (`resultType` matrix).
 pub fn parse_matrix(body: &str, labels: &[&str]) -> Result<Vec<PromSeries>> {
-    let v: Value = serde_json::from_str(body)
-        .map_err(|e| Error::Protocol(format!("Prometheus' answer is not JSON: {e}")))?;
+    let v: Value = serde_json::from_str(body).map_err(|e| Error::PrometheusAnswer {
+        status: None,
+        message: format!("Prometheus' answer is not JSON: {e}"),
+    })?;
     if v["status"] != "success" {
-        return Err(Error::Protocol(format!(
-            "Prometheus query failed: {}",
-            v["error"].as_str().unwrap_or("unknown error")
-        )));
+        return Err(Error::PrometheusAnswer {
+            status: None,
+            message: format!(
+                "Prometheus query failed: {}",
+                v["error"].as_str().unwrap_or("unknown error")
+            ),
+        });
     }
     let mut out = Vec::new();
     for r in v["data"]["result"].as_array().cloned().unwrap_or_default() {

@@ -24,7 +24,7 @@
 
 use std::path::{Path, PathBuf};
 
-use longhaul_engine::{Error, Result};
+use crate::{Error, Result};
 use serde_json::Value;
 
 /// Largest file read (a long `--interval 0.1` run is a few MB).

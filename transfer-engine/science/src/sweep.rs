@@ -18,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::{Error, Result};
 use longhaul_engine::auth::Token;
 use longhaul_engine::client::{self, SendOptions};
 use longhaul_engine::limits::DEFAULT_BUFFER;
@@ -25,7 +26,6 @@ use longhaul_engine::messages::CpuReport;
 use longhaul_engine::planes::messages::{MessagesParams, Pattern, ACK_LEN};
 use longhaul_engine::planes::{Amount, Payload};
 use longhaul_engine::send_report::FinalReport;
-use longhaul_engine::{Error, Result};
 use longhaul_units::{format_bps, format_bytes, size_arg};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -238,7 +238,11 @@ fn run_matrix_cell(sessions: &Sessions<'_>, streams: u32, buffer: u64) -> Matrix
 }
 
 /// Runs one messages-mode session of `pattern` and returns its report.
-fn run_messages(sessions: &Sessions<'_>, pattern: Pattern, length: u64) -> Result<FinalReport> {
+fn run_messages(
+    sessions: &Sessions<'_>,
+    pattern: Pattern,
+    length: u64,
+) -> longhaul_engine::Result<FinalReport> {
     let payload = Payload::Messages {
         params: MessagesParams { pattern, length },
         amount: Amount::Seconds(sessions.opts.time),
@@ -330,6 +334,86 @@ pub fn best(cells: &[MatrixCell]) -> Option<&MatrixCell> {
         .max_by(|a, b| a.throughput_bps.total_cmp(&b.throughput_bps))
 }
 
+/// The streams x buffers matrix, when asked for: its cells run one after
+/// the other, written to sweep.csv and sweep.json under `dir`.
+fn matrix_sweep(sessions: &Sessions<'_>, dir: &Path, header: Value) -> Result<Option<Value>> {
+    let opts = sessions.opts;
+    if opts.streams.is_empty() || opts.buffers.is_empty() {
+        return Ok(None);
+    }
+    let total = opts.streams.len() * opts.buffers.len();
+    let mut cells = Vec::with_capacity(total);
+    for &s in &opts.streams {
+        for &b in &opts.buffers {
+            progress(
+                opts,
+                format!(
+                    "cell {}/{total}: {s} stream(s) x {} buffer",
+                    cells.len() + 1,
+                    size_arg(b)
+                ),
+            );
+            cells.push(run_matrix_cell(sessions, s, b));
+        }
+    }
+    if cells.iter().all(|c| c.error.is_some()) {
+        let e = cells[0].error.clone().unwrap_or_default();
+        return Err(Error::Failed(format!("every sweep cell failed: {e}")));
+    }
+    let mut v = header;
+    v["streams"] = json!(opts.streams);
+    v["buffers"] = json!(opts.buffers);
+    v["best"] = json!(best(&cells));
+    v["cells"] = json!(cells);
+    write_file(&dir.join("sweep.csv"), &to_csv(&cells, MATRIX_COLUMNS))?;
+    write_file(
+        &dir.join("sweep.json"),
+        &serde_json::to_string_pretty(&v).unwrap_or_default(),
+    )?;
+    Ok(Some(v))
+}
+
+/// The message lengths, when asked for: each one's request/response and
+/// streaming cell, written to messages[-loadN].csv and .json under `dir`.
+fn message_sweep(sessions: &Sessions<'_>, dir: &Path, header: Value) -> Result<Option<Value>> {
+    let opts = sessions.opts;
+    if opts.messages.is_empty() {
+        return Ok(None);
+    }
+    let mut cells = Vec::with_capacity(opts.messages.len());
+    for &len in &opts.messages {
+        progress(
+            opts,
+            format!(
+                "message length {} (request/response, then stream)",
+                size_arg(len)
+            ),
+        );
+        cells.push(run_message_cell(sessions, len));
+    }
+    if cells.iter().all(|c| c.error.is_some()) {
+        let e = cells[0].error.clone().unwrap_or_default();
+        return Err(Error::Failed(format!("every message length failed: {e}")));
+    }
+    let mut v = header;
+    v["ack_bytes"] = json!(ACK_LEN);
+    v["cells"] = json!(cells);
+    let stem = if opts.load > 0 {
+        format!("messages-load{}", opts.load)
+    } else {
+        "messages".to_string()
+    };
+    write_file(
+        &dir.join(format!("{stem}.csv")),
+        &to_csv(&cells, MESSAGE_COLUMNS),
+    )?;
+    write_file(
+        &dir.join(format!("{stem}.json")),
+        &serde_json::to_string_pretty(&v).unwrap_or_default(),
+    )?;
+    Ok(Some(v))
+}
+
 /// Runs the sweep, writes its files, returns what it wrote.
 pub fn run(opts: &SweepOptions) -> Result<SweepOutput> {
     if opts.time <= 0.0 || !opts.time.is_finite() {
@@ -367,78 +451,8 @@ pub fn run(opts: &SweepOptions) -> Result<SweepOutput> {
             "started": started,
         })
     };
-
-    let mut matrix = None;
-    if !opts.streams.is_empty() && !opts.buffers.is_empty() {
-        let total = opts.streams.len() * opts.buffers.len();
-        let mut cells = Vec::with_capacity(total);
-        for &s in &opts.streams {
-            for &b in &opts.buffers {
-                progress(
-                    opts,
-                    format!(
-                        "cell {}/{total}: {s} stream(s) x {} buffer",
-                        cells.len() + 1,
-                        size_arg(b)
-                    ),
-                );
-                cells.push(run_matrix_cell(&sessions, s, b));
-            }
-        }
-        if cells.iter().all(|c| c.error.is_some()) {
-            let e = cells[0].error.clone().unwrap_or_default();
-            return Err(Error::PeerAborted(format!("every sweep cell failed: {e}")));
-        }
-        let mut v = header("sweep");
-        v["streams"] = json!(opts.streams);
-        v["buffers"] = json!(opts.buffers);
-        v["best"] = json!(best(&cells));
-        v["cells"] = json!(cells);
-        write_file(&dir.join("sweep.csv"), &to_csv(&cells, MATRIX_COLUMNS))?;
-        write_file(
-            &dir.join("sweep.json"),
-            &serde_json::to_string_pretty(&v).unwrap_or_default(),
-        )?;
-        matrix = Some(v);
-    }
-
-    let mut messages = None;
-    if !opts.messages.is_empty() {
-        let mut cells = Vec::with_capacity(opts.messages.len());
-        for &len in &opts.messages {
-            progress(
-                opts,
-                format!(
-                    "message length {} (request/response, then stream)",
-                    size_arg(len)
-                ),
-            );
-            cells.push(run_message_cell(&sessions, len));
-        }
-        if cells.iter().all(|c| c.error.is_some()) {
-            let e = cells[0].error.clone().unwrap_or_default();
-            return Err(Error::PeerAborted(format!(
-                "every message length failed: {e}"
-            )));
-        }
-        let mut v = header("messages");
-        v["ack_bytes"] = json!(ACK_LEN);
-        v["cells"] = json!(cells);
-        let stem = if opts.load > 0 {
-            format!("messages-load{}", opts.load)
-        } else {
-            "messages".to_string()
-        };
-        write_file(
-            &dir.join(format!("{stem}.csv")),
-            &to_csv(&cells, MESSAGE_COLUMNS),
-        )?;
-        write_file(
-            &dir.join(format!("{stem}.json")),
-            &serde_json::to_string_pretty(&v).unwrap_or_default(),
-        )?;
-        messages = Some(v);
-    }
+    let matrix = matrix_sweep(&sessions, &dir, header("sweep"))?;
+    let messages = message_sweep(&sessions, &dir, header("messages"))?;
     if let Some(l) = load {
         if let Some(e) = l.error() {
             progress(

@@ -113,3 +113,37 @@ fn bad_lists_are_usage_errors() {
     assert_eq!(o.code, Some(2), "{}", o.stderr);
     assert!(o.stderr.contains("--buffer"), "{}", o.stderr);
 }
+
+#[test]
+fn a_sweep_whose_every_cell_failed_says_so_and_exits_1() {
+    // Nothing listens there: every cell is refused. The sweep's own failure
+    // is said as such, the first cell's cause with it: no transfer of the
+    // command's own ran, so nothing "peer aborted" it.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let dir = Scratch::new("sweep-dead");
+    let out = dir.join("out");
+    let o = crate::support::run(&[
+        "sweep",
+        "--to",
+        &addr,
+        "--streams",
+        "1,2",
+        "--buffer",
+        "128K",
+        "--time",
+        "0.5",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    // After the cells' progress lines, the error.
+    let said = o.stderr.lines().last().unwrap_or_default();
+    assert!(
+        said.starts_with("longhaul: every sweep cell failed: refused:"),
+        "{}",
+        o.stderr
+    );
+    assert!(!said.contains("peer aborted"), "{}", o.stderr);
+}

@@ -5,7 +5,7 @@
 //! engine's beside the router's; Prometheus series of a time range. Each is drawn
 //! with [`crate::charts`] and captioned for the page.
 
-use longhaul_engine::{Error, Result};
+use crate::{Error, Result};
 use longhaul_units::{format_bps, format_bytes, size_arg};
 use serde_json::Value;
 
@@ -523,6 +523,56 @@ pub fn fig_sweep(n: usize, sweep: &SweepFile) -> Result<Vec<Figure>> {
     ])
 }
 
+/// A messages file's curve label: its load, and its file's name where
+/// another file has the same load.
+fn message_label(files: &[&SweepFile], m: &SweepFile) -> String {
+    let load = m.value["load_streams"].as_u64().unwrap_or(0);
+    let base = if load == 0 {
+        "no load".to_string()
+    } else {
+        format!("load {load} streams")
+    };
+    let same = files
+        .iter()
+        .filter(|o| o.value["load_streams"].as_u64().unwrap_or(0) == load)
+        .count();
+    if same > 1 {
+        format!("{base} ({})", short(&m.name))
+    } else {
+        base
+    }
+}
+
+/// A messages file's (message length, `key` / `div`) points, of its cells
+/// without an error and with a positive `key`.
+fn message_points(m: &SweepFile, key: &str, div: f64) -> Vec<(f64, f64)> {
+    m.value["cells"]
+        .as_array()
+        .map(|cells| {
+            cells
+                .iter()
+                .filter(|c| c["error"].is_null() && field(c, key) > 0.0)
+                .map(|c| (field(c, "length"), field(c, key) / div))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The unit of the latency axis and its divisor: WAN latencies read better
+/// in ms, LAN ones in µs.
+fn latency_unit(files: &[&SweepFile]) -> (f64, &'static str) {
+    let max_lat = files
+        .iter()
+        .flat_map(|m| message_points(m, "latency_p99_us", 1.0))
+        .map(|p| p.1)
+        .fold(0.0, f64::max);
+    if max_lat >= 10_000.0 {
+        (1000.0, "ms")
+    } else {
+        (1.0, "µs")
+    }
+}
+
 /// Message-length curves over all messages files, one curve per file
 /// (labelled by its load).
 pub fn fig_messages(files: &[SweepFile]) -> Result<Vec<Figure>> {
@@ -539,35 +589,8 @@ pub fn fig_messages(files: &[SweepFile]) -> Result<Vec<Figure>> {
     if usable.is_empty() {
         return Ok(Vec::new());
     }
-    let label = |m: &SweepFile| {
-        let load = m.value["load_streams"].as_u64().unwrap_or(0);
-        let base = if load == 0 {
-            "no load".to_string()
-        } else {
-            format!("load {load} streams")
-        };
-        let same = usable
-            .iter()
-            .filter(|o| o.value["load_streams"].as_u64().unwrap_or(0) == load)
-            .count();
-        if same > 1 {
-            format!("{base} ({})", short(&m.name))
-        } else {
-            base
-        }
-    };
-    let points = |m: &SweepFile, key: &str, div: f64| -> Vec<(f64, f64)> {
-        m.value["cells"]
-            .as_array()
-            .map(|cells| {
-                cells
-                    .iter()
-                    .filter(|c| c["error"].is_null() && field(c, key) > 0.0)
-                    .map(|c| (field(c, "length"), field(c, key) / div))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let label = |m: &SweepFile| message_label(&usable, m);
+    let points = message_points;
     let mut lat = Vec::new();
     let mut tput = Vec::new();
     let mut cpu = Vec::new();
@@ -577,17 +600,7 @@ pub fn fig_messages(files: &[SweepFile]) -> Result<Vec<Figure>> {
         .map(|p| p.1)
         .fold(0.0, f64::max);
     let (div, unit) = rate_unit(max_tput);
-    // WAN latencies read better in ms, LAN ones in µs.
-    let max_lat = usable
-        .iter()
-        .flat_map(|m| points(m, "latency_p99_us", 1.0))
-        .map(|p| p.1)
-        .fold(0.0, f64::max);
-    let (lat_div, lat_unit) = if max_lat >= 10_000.0 {
-        (1000.0, "ms")
-    } else {
-        (1.0, "µs")
-    };
+    let (lat_div, lat_unit) = latency_unit(&usable);
     for (i, m) in usable.iter().enumerate() {
         let l = label(m);
         let s = |name: String, pts, dashed| Series {
@@ -674,7 +687,7 @@ pub fn fig_prometheus(
     for (n, q) in QUERIES.iter().enumerate() {
         let series = match prometheus::query_range(source, q, from, to, step) {
             Ok(s) => s,
-            Err(e @ Error::Refused(_)) => return Err(e),
+            Err(e @ Error::PrometheusRefused(_)) => return Err(e),
             Err(e) => {
                 notes.push(format!("Prometheus, {}: {e}", q.title));
                 continue;

@@ -21,7 +21,7 @@ pub mod page;
 
 use std::path::{Path, PathBuf};
 
-use longhaul_engine::{Error, Result};
+use crate::{Error, Result};
 
 use crate::results::{self, Results};
 
@@ -161,7 +161,7 @@ fn router_series(
         step,
     ) {
         Ok(s) => Ok(s),
-        Err(e @ Error::Refused(_)) => Err(e),
+        Err(e @ Error::PrometheusRefused(_)) => Err(e),
         Err(e) => {
             notes.push(format!("Prometheus, routers during phase: {e}"));
             Ok(Vec::new())
