@@ -119,9 +119,7 @@ fn a_sweep_whose_every_cell_failed_says_so_and_exits_1() {
     // Nothing listens there: every cell is refused. The sweep's own failure
     // is said as such, the first cell's cause with it: no transfer of the
     // command's own ran, so nothing "peer aborted" it.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = dead.local_addr().unwrap().to_string();
-    drop(dead);
+    let addr = format!("127.0.0.1:{}", crate::support::free_port());
     let dir = Scratch::new("sweep-dead");
     let out = dir.join("out");
     let o = crate::support::run(&[

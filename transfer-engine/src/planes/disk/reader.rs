@@ -31,14 +31,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::buffer::{AlignedBuf, BufferPool};
+use super::buffer::BufferPool;
 use super::checksum::{
     chunk_count, chunk_hash, chunk_len, hash_prefix, next_data, FileDigest, OrderedDigest,
 };
 use super::devices::DeviceGroup;
 use super::ioqueue::{Backend, IoQueue, Op};
 use super::walk::SourcePath;
-use super::wire::{FileFailure, FrameHeader, FrameKind, FrameOut, Wrote};
+use super::wire::{Block, FileFailure, FrameHeader, FrameKind, FrameOut, Wrote};
 use super::{DiskError, DiskOptions, CHUNK_SIZE};
 use crate::datapath::{Grant, Progress, SendBudget, StreamIo};
 use crate::workers::{WaitList, Waker};
@@ -62,28 +62,6 @@ pub struct SendItem {
     pub group: usize,
     /// Resume offset: the receiver verified everything before it.
     pub from: u64,
-}
-
-/// A unit of work for the data streams.
-pub enum Block {
-    Data {
-        file: u32,
-        offset: u64,
-        buf: AlignedBuf,
-    },
-    Hole {
-        file: u32,
-        offset: u64,
-        len: u64,
-    },
-    End {
-        file: u32,
-        checksum: u64,
-    },
-    Fail {
-        file: u32,
-        message: String,
-    },
 }
 
 /// What a stream gets from the queue.
@@ -306,7 +284,9 @@ impl SendPipeline {
     /// The `Stage` a block is sent as, hashing data on the way.
     pub fn frame(&self, block: Block) -> FrameOut {
         match block {
-            Block::Data { file, offset, buf } => {
+            Block::Data {
+                file, offset, buf, ..
+            } => {
                 self.deposit(file, offset / CHUNK_SIZE, chunk_hash(buf.as_slice()));
                 let mut h = FrameHeader::new(FrameKind::Data, file);
                 h.offset = offset;
@@ -582,6 +562,7 @@ impl Reader {
                             file: t.file,
                             offset: t.offset,
                             buf,
+                            hash: (),
                         };
                         if !self.p.push(block, false) {
                             break;

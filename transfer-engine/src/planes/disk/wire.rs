@@ -140,6 +140,45 @@ pub enum FrameKind {
     KeepAlive = 6,
 }
 
+/// One piece of a file's way from the sender's readers to the receiver's
+/// writers: a chunk of data, a hole, the file's end with its checksum, or the
+/// sender's failure to read it. Each is one frame on the wire. `H` is what a
+/// chunk carries beside its bytes: nothing at the sender (`()`), its hash at
+/// the receiver (computed by the stream that received it, `u64`).
+pub enum Block<H = ()> {
+    Data {
+        file: u32,
+        offset: u64,
+        buf: AlignedBuf,
+        hash: H,
+    },
+    Hole {
+        file: u32,
+        offset: u64,
+        len: u64,
+    },
+    End {
+        file: u32,
+        checksum: u64,
+    },
+    Fail {
+        file: u32,
+        message: String,
+    },
+}
+
+impl<H> Block<H> {
+    /// The file (its manifest id) the block belongs to.
+    pub fn file(&self) -> u32 {
+        match self {
+            Block::Data { file, .. }
+            | Block::Hole { file, .. }
+            | Block::End { file, .. }
+            | Block::Fail { file, .. } => *file,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
     pub kind: FrameKind,
