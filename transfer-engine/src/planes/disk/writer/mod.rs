@@ -56,6 +56,7 @@ use files::*;
 pub use intake::Intake;
 use plan::*;
 use queue::*;
+pub use worker::WRITE_DEPTH;
 use worker::*;
 
 /// Save the sidecar each time the verified prefix grows by this much: a
