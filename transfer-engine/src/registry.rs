@@ -110,7 +110,7 @@ pub struct SessionEntry {
 struct EntryState {
     protocol: api::Protocol,
     mode: api::Mode,
-    direction: api::Direction,
+    direction: api::EngineDirection,
     state: api::State,
     ended: Option<Instant>,
     streams: Vec<Arc<StreamStats>>,
@@ -148,9 +148,9 @@ impl SessionEntry {
             Mode::Disk => api::Mode::Disk,
         };
         s.direction = match req.direction {
-            Direction::Send => api::Direction::Receive,
-            Direction::Receive => api::Direction::Send,
-            Direction::Bidir => api::Direction::Bidir,
+            Direction::Send => api::EngineDirection::Receive,
+            Direction::Receive => api::EngineDirection::Send,
+            Direction::Bidir => api::EngineDirection::Bidir,
         };
     }
 
@@ -200,7 +200,7 @@ impl SessionEntry {
         let (mut sent, mut received) = (0, 0);
         for st in &streams {
             match st.direction {
-                api::Direction::Send => sent += st.bytes,
+                api::EngineDirection::Send => sent += st.bytes,
                 _ => received += st.bytes,
             }
         }
@@ -247,10 +247,10 @@ fn live_stream(st: &StreamStats) -> api::Stream {
     }
 }
 
-fn api_direction(role: Role) -> api::Direction {
+fn api_direction(role: Role) -> api::EngineDirection {
     match role {
-        Role::Send => api::Direction::Send,
-        Role::Receive => api::Direction::Receive,
+        Role::Send => api::EngineDirection::Send,
+        Role::Receive => api::EngineDirection::Receive,
     }
 }
 
@@ -320,7 +320,7 @@ impl Registry {
             inner: Mutex::new(EntryState {
                 protocol: api::Protocol::Longhaul,
                 mode: api::Mode::Memory,
-                direction: api::Direction::Receive,
+                direction: api::EngineDirection::Receive,
                 state: api::State::Handshake,
                 ended: None,
                 streams: Vec::new(),

@@ -88,7 +88,7 @@ impl Snapshot {
             for st in &mut s.streams {
                 st.local = None;
                 st.peer = None;
-                if st.direction == Direction::Receive {
+                if st.direction == EngineDirection::Receive {
                     st.tcp = None;
                 }
             }
@@ -130,7 +130,7 @@ impl Serialize for StreamRows {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 use serde::ser::SerializeTuple;
                 let st = self.0;
-                let tcp = st.tcp.filter(|_| st.direction == Direction::Send);
+                let tcp = st.tcp.filter(|_| st.direction == EngineDirection::Send);
                 let mut row = s.serialize_tuple(if tcp.is_some() { 4 } else { 3 })?;
                 row.serialize_element(&st.id)?;
                 row.serialize_element(&st.direction)?;
@@ -241,10 +241,12 @@ pub enum Mode {
     Disk,
 }
 
-/// Direction as seen from the engine that serves the API.
+/// Direction as seen from the engine that serves the API: its own end's. A
+/// session a client pushes to it (the client's `Direction::Send` in the
+/// engine's messages) is `Receive` here; the serde names are the API's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Direction {
+pub enum EngineDirection {
     Send,
     Receive,
     Bidir,
@@ -296,7 +298,7 @@ pub struct Session {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<String>,
     pub mode: Mode,
-    pub direction: Direction,
+    pub direction: EngineDirection,
     pub state: State,
     pub started_unix: f64,
     /// Payload bytes this engine sent in the session.
@@ -322,7 +324,7 @@ pub struct Stream {
     pub id: u32,
     /// `send` or `receive`: what this end does on the stream (a single data
     /// connection carries one direction).
-    pub direction: Direction,
+    pub direction: EngineDirection,
     /// Payload bytes this end sent or received on the stream.
     pub bytes: u64,
     /// This engine's end of the stream's socket, "IP:PORT" (added in v1);
@@ -453,15 +455,15 @@ mod tests {
                 run: Some("r".into()),
                 local: Some("10.0.0.1:7400".into()),
                 mode: Mode::Memory,
-                direction: Direction::Receive,
+                direction: EngineDirection::Receive,
                 state: State::Running,
                 started_unix: 2.0,
                 bytes_sent: 0,
                 bytes_received: 201,
                 streams: vec![
-                    end(0, Direction::Receive, Some(tcp), false),
-                    end(0, Direction::Send, Some(tcp), true),
-                    end(1, Direction::Send, None, true),
+                    end(0, EngineDirection::Receive, Some(tcp), false),
+                    end(0, EngineDirection::Send, Some(tcp), true),
+                    end(1, EngineDirection::Send, None, true),
                 ],
                 stream_rows: None,
                 devices: Vec::new(),

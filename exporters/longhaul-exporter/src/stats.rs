@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use longhaul_stats_api::{
-    check_name, Admission, DeviceIo, Direction, Mode, Protocol, ROWS_VIEW_QUERY, SERIES_VIEW_QUERY,
-    SESSIONS_PATH,
+    check_name, Admission, DeviceIo, EngineDirection, Mode, Protocol, ROWS_VIEW_QUERY,
+    SERIES_VIEW_QUERY, SESSIONS_PATH,
 };
 
 use crate::httpclient::{self, Url};
@@ -133,7 +133,7 @@ pub struct SessionView {
     pub campaign: Option<String>,
     pub run: Option<String>,
     pub mode: Mode,
-    pub direction: Direction,
+    pub direction: EngineDirection,
     pub protocol: Protocol,
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -348,11 +348,11 @@ fn plain_name<R: Read>(r: &mut Reader<R>) -> json::Result<Option<String>> {
     Ok(opt_string(r)?.filter(|name| check_name(name).is_ok()))
 }
 
-fn direction<R: Read>(r: &mut Reader<R>) -> json::Result<Direction> {
+fn direction<R: Read>(r: &mut Reader<R>) -> json::Result<EngineDirection> {
     let d = match r.raw_string()? {
-        b"send" => Some(Direction::Send),
-        b"receive" => Some(Direction::Receive),
-        b"bidir" => Some(Direction::Bidir),
+        b"send" => Some(EngineDirection::Send),
+        b"receive" => Some(EngineDirection::Receive),
+        b"bidir" => Some(EngineDirection::Bidir),
         _ => None,
     };
     d.map_or_else(|| r.error("an unknown direction"), Ok)
@@ -561,16 +561,16 @@ impl Walk {
     }
 
     /// One stream end of the session being read.
-    fn entry(&mut self, id: u32, dir: Direction, bytes: u64, tcp: Option<Tcp>) {
+    fn entry(&mut self, id: u32, dir: EngineDirection, bytes: u64, tcp: Option<Tcp>) {
         match dir {
-            Direction::Send | Direction::Receive => self.entries.push(Entry {
+            EngineDirection::Send | EngineDirection::Receive => self.entries.push(Entry {
                 id,
-                send: dir == Direction::Send,
+                send: dir == EngineDirection::Send,
                 bytes,
                 tcp,
             }),
             // A data connection carries one direction; nothing to fold.
-            Direction::Bidir => {}
+            EngineDirection::Bidir => {}
         }
     }
 }
@@ -760,7 +760,7 @@ mod tests {
     use super::*;
     use longhaul_stats_api::{EngineInfo, Session, Snapshot, State, Stream, TcpInfo};
 
-    fn stream(id: u32, direction: Direction, peer_end: bool) -> Stream {
+    fn stream(id: u32, direction: EngineDirection, peer_end: bool) -> Stream {
         Stream {
             id,
             direction,
@@ -783,9 +783,9 @@ mod tests {
 
     fn snapshot() -> Snapshot {
         let mut streams: Vec<Stream> = (0..4)
-            .map(|id| stream(id, Direction::Receive, false))
+            .map(|id| stream(id, EngineDirection::Receive, false))
             .collect();
-        streams.extend((0..4).map(|id| stream(id, Direction::Send, true)));
+        streams.extend((0..4).map(|id| stream(id, EngineDirection::Send, true)));
         Snapshot {
             version: 1,
             engine: EngineInfo {
@@ -824,7 +824,7 @@ mod tests {
                 protocol: Protocol::Iperf3,
                 local: Some("10.0.0.1:7400".into()),
                 mode: Mode::Disk,
-                direction: Direction::Receive,
+                direction: EngineDirection::Receive,
                 state: State::Running,
                 started_unix: 2.0,
                 bytes_sent: 0,
@@ -1059,7 +1059,7 @@ mod tests {
         let mut snap = snapshot();
         // A reverse iperf3 test: only the server's sending sockets.
         snap.sessions[0].streams = (0..3)
-            .map(|id| stream(id, Direction::Send, false))
+            .map(|id| stream(id, EngineDirection::Send, false))
             .collect();
         let text = serde_json::to_vec(&snap).unwrap();
         let view = read(&text[..], 1).unwrap();
@@ -1195,7 +1195,7 @@ mod tests {
                 tcp: None,
                 local: None,
                 peer: None,
-                ..stream(id, Direction::Receive, false)
+                ..stream(id, EngineDirection::Receive, false)
             })
             .collect();
         let text = serde_json::to_vec(&snap).unwrap();
@@ -1203,7 +1203,7 @@ mod tests {
         assert!(e.contains("more than 8192 streams"), "{e}");
         // Rows of any direction count, bidir ones (never folded) too.
         for s in &mut snap.sessions[0].streams {
-            s.direction = Direction::Bidir;
+            s.direction = EngineDirection::Bidir;
         }
         for answer in [snap.clone(), snap.rows_view()] {
             let text = serde_json::to_vec(&answer).unwrap();

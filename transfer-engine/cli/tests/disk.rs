@@ -841,7 +841,7 @@ fn crafted_manifest_entries_beyond_the_largest_file_are_refused() {
 /// such a session held a slot unseen).
 #[test]
 fn a_session_still_planning_is_listed_and_its_failure_counted() {
-    use longhaul_stats_api::{Direction, Mode, State};
+    use longhaul_stats_api::{EngineDirection, Mode, State};
 
     let t = Scratch::new("planning");
     let root = t.0.join("root");
@@ -860,7 +860,7 @@ fn a_session_still_planning_is_listed_and_its_failure_counted() {
     assert_eq!(listed.state, State::Handshake, "{listed:?}");
     assert_eq!(
         (listed.mode, listed.direction),
-        (Mode::Disk, Direction::Receive)
+        (Mode::Disk, EngineDirection::Receive)
     );
     // The client goes away instead of sending its manifest.
     drop(conn);

@@ -28,7 +28,7 @@
 //! dashboard. Those two are on the info series only: per-stream series join
 //! on `session`, and their label sets stay as they were.
 
-use longhaul_stats_api::{Direction, Mode, Protocol};
+use longhaul_stats_api::{EngineDirection, Mode, Protocol};
 
 use crate::collector::{Collector, CollectorSpec, Round};
 use crate::config::Config;
@@ -79,11 +79,11 @@ fn protocol_str(p: Protocol) -> &'static str {
     }
 }
 
-fn dir_str(d: Direction) -> &'static str {
+fn dir_str(d: EngineDirection) -> &'static str {
     match d {
-        Direction::Send => "send",
-        Direction::Receive => "receive",
-        Direction::Bidir => "bidir",
+        EngineDirection::Send => "send",
+        EngineDirection::Receive => "receive",
+        EngineDirection::Bidir => "bidir",
     }
 }
 
@@ -331,7 +331,7 @@ mod tests {
                 local: Some("10.0.0.1:7400".into()),
                 protocol: longhaul_stats_api::Protocol::Longhaul,
                 mode: Mode::Disk,
-                direction: Direction::Receive,
+                direction: EngineDirection::Receive,
                 state: State::Running,
                 started_unix: 0.0,
                 bytes_sent: 0,
@@ -340,7 +340,7 @@ mod tests {
                 streams: (0..streams)
                     .map(|id| Stream {
                         id,
-                        direction: Direction::Send,
+                        direction: EngineDirection::Send,
                         bytes: 10,
                         local: Some("10.0.0.1:7400".into()),
                         peer: Some(format!("10.0.0.2:{}", 40001 + id)),
@@ -517,13 +517,13 @@ mod tests {
         let mut snap = snapshot(3);
         let session = &mut snap.sessions[0];
         for st in &mut session.streams {
-            st.direction = Direction::Receive;
+            st.direction = EngineDirection::Receive;
         }
         let peer_ends: Vec<Stream> = session
             .streams
             .iter()
             .map(|st| Stream {
-                direction: Direction::Send,
+                direction: EngineDirection::Send,
                 peer_end: true,
                 local: None,
                 peer: None,

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use longhaul_stats_api::{Direction, Mode, State};
+use longhaul_stats_api::{EngineDirection, Mode, State};
 
 use crate::support::*;
 
@@ -144,12 +144,12 @@ fn stats_api_shows_a_running_session_with_streams() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(session.mode, Mode::Memory);
-    assert_eq!(session.direction, Direction::Receive);
+    assert_eq!(session.direction, EngineDirection::Receive);
     assert!(session.peer.starts_with("127.0.0.1:"));
     assert!(session
         .streams
         .iter()
-        .all(|s| s.peer_end || s.direction == Direction::Receive));
+        .all(|s| s.peer_end || s.direction == EngineDirection::Receive));
     // This engine's own sockets carry their addresses (the exporter's tcp
     // collector skips them); the client's reported ends carry none.
     assert_eq!(session.local, Some(server.addr()));
@@ -178,7 +178,7 @@ fn stats_api_shows_a_running_session_with_streams() {
         assert_eq!((&st.local, &st.peer), (&None, &None), "{st:?}");
         assert_eq!(
             st.tcp.is_some(),
-            st.direction == Direction::Send && st.peer_end,
+            st.direction == EngineDirection::Send && st.peer_end,
             "{st:?}"
         );
     }
@@ -280,7 +280,7 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
                     && s.streams.iter().all(|st| {
                         st.bytes > 0
                             && st.tcp.is_some_and(|tcp| {
-                                st.direction != Direction::Send || tcp.segs_out > 0
+                                st.direction != EngineDirection::Send || tcp.segs_out > 0
                             })
                     })
             });
@@ -302,7 +302,7 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
         let server_sends = session
             .streams
             .iter()
-            .any(|s| !s.peer_end && s.direction == Direction::Send);
+            .any(|s| !s.peer_end && s.direction == EngineDirection::Send);
         assert_eq!(
             server_sends,
             !flag.is_empty(),
@@ -312,7 +312,7 @@ fn stats_api_shows_both_ends_of_every_stream_whichever_end_sends() {
         let client_sends = session
             .streams
             .iter()
-            .any(|s| s.peer_end && s.direction == Direction::Send);
+            .any(|s| s.peer_end && s.direction == EngineDirection::Send);
         assert_eq!(client_sends, flag != "--reverse", "{flag}");
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(
