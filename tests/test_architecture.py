@@ -3,11 +3,11 @@ added without its line there fails here (issue 42).
 
 The rule: each workspace member (Cargo.toml's `members`) has a section of
 docs/architecture.md, the first `## ` heading that names the member's
-directory in backticks (`transfer-engine/src`, `exporters/longhaul-exporter`)
+directory in backticks (`transfer-engine/src`, `crates/core`, `exporters/longhaul-exporter`)
 or its parent's (`crates/`), its own first. In a row of a table of that
 section (a line that starts with `|`: prose does not count, so a module gets
 its line) every `.rs` file under the member's `src/` is named in backticks by
-its path below `src/` (`planes/disk/writer.rs`); where one section holds
+its path below `src/` (`planes/messages.rs`); where one section holds
 several members, by the member's directory name first (`admission/lobby.rs`).
 `{a,b}` in a name stands for each of a and b. Test modules (`tests.rs`,
 `*_tests.rs`) are left out; a member without `src/` fails."""
@@ -99,7 +99,7 @@ def test_a_module_left_out_of_the_document_fails():
     text = DOC.read_text(encoding="utf-8")
     assert "`cpus.rs`" in text
     problems = missing(text.replace("`cpus.rs`", "`cpus`"))
-    assert problems == ["transfer-engine/src/cpus.rs: not named (as `cpus.rs`) in its section"], problems
+    assert problems == ["crates/core/src/cpus.rs: not named (as `cpus.rs`) in its section"], problems
 
 
 def test_brace_lists_and_shared_sections_are_read_as_written():

@@ -68,7 +68,7 @@ def final_json(run):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-# The control protocol's version (PROTOCOL_VERSION, transfer-engine/src/lib.rs).
+# The control protocol's version (PROTOCOL_VERSION, crates/core/src/lib.rs).
 # A Hello of any other version is refused at once, so stalled strangers of
 # another version would test nothing: StalledAfterHello checks that the
 # server answers this one with a Challenge of the same version.
@@ -111,7 +111,7 @@ def stall_after_hello(port):
     assert (kind, body.get("version")) == (CHALLENGE, PROTOCOL_VERSION), (
         "the server did not take a Hello of protocol version "
         f"{PROTOCOL_VERSION} (it answered type {kind:#x}: {body}); "
-        "PROTOCOL_VERSION here must follow transfer-engine/src/lib.rs"
+        "PROTOCOL_VERSION here must follow crates/core/src/lib.rs"
     )
     return s
 

@@ -5,12 +5,12 @@ the path before the receiver sees the end of the stream. With a full 2 MB
 buffer per stream (4 MB as the kernel sizes it), `--time 5` with 35 streams
 through a 100 Mb/s bottleneck lasted 15 s. A `--time` stream now keeps at
 most half a second of its delivery rate unsent (TCP_NOTSENT_LOWAT,
-transfer-engine/src/stream.rs), so the run ends within about a second of
+crates/core/src/stream.rs), so the run ends within about a second of
 its time, in both directions, and still fills the bottleneck.
 
 1024 streams paced to 90 Mb/s (`--rate`) through the same bottleneck share
 it evenly and end on time too: the pacer hands each stream at most 100 ms
-of its share at once (transfer-engine/src/pacer.rs), and a paced stream
+of its share at once (crates/core/src/pacer.rs), and a paced stream
 queues at most half a second of its share from its first byte.
 
 Two network namespaces this test creates, joined by a veth pair with a tbf

@@ -12,13 +12,16 @@ use std::time::{Duration, SystemTime};
 use crate::attach::{AttachHeader, SESSION_ID_LEN};
 use crate::auth::{from_hex, to_hex, Token};
 use crate::connection::{self, Connection};
-use crate::datapath::{DataPlane, PlaneProgress};
+use crate::datapath::DataPlane;
 use crate::error::{Error, Result};
 use crate::handshake::{self, Nonces};
+use crate::iperf3::client::TestOptions;
 use crate::limits::{DEFAULT_BUFFER, DEFAULT_SECONDS, REPORT_PERIOD};
 use crate::messages::{Direction, Message, SessionRequest};
 use crate::planes::{self, Amount, Payload};
 use crate::send_report::FinalReport;
+use crate::sending::{check_start_at, sleep_until};
+pub use crate::sending::{Live, Watch};
 use crate::session::{self, Side};
 use crate::stream::StreamStats;
 
@@ -28,11 +31,6 @@ const PARALLEL_CONNECTS: usize = 16;
 
 /// TCP_INFO sampling period when nobody watches the run.
 const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
-
-/// How long ago a `--start-at` instant may have passed when the run begins:
-/// the orchestrator hands one instant to every sender of a phase, and a
-/// sender that starts later than this is out of step with the others.
-pub const START_AT_SLACK: Duration = Duration::from_secs(1);
 
 /// With `--start-at`, how long before the instant the client connects and
 /// attaches. The server gives a session [`crate::limits::ATTACH_TIMEOUT`]
@@ -115,6 +113,34 @@ impl SendOptions {
             run: self.run.clone(),
         }
     }
+
+    /// These options as an iperf3 test (`--protocol iperf3`): memory to
+    /// memory, without longhaul's own token.
+    pub fn iperf3_test(&self) -> Result<TestOptions> {
+        let Payload::Memory(amount) = self.payload else {
+            return Err(Error::Usage(
+                "--protocol iperf3 runs memory to memory: no PATHs or messages".into(),
+            ));
+        };
+        if self.token.is_some() {
+            return Err(Error::Usage(
+                "--token-file is longhaul's own authentication; iperf3 servers take none here"
+                    .into(),
+            ));
+        }
+        Ok(TestOptions {
+            to: self.to.clone(),
+            streams: self.streams,
+            buffer: self.buffer,
+            cc: self.cc.clone(),
+            rate_bps: self.rate_bps,
+            direction: self.direction,
+            start_at: self.start_at,
+            amount,
+            campaign: self.campaign.clone(),
+            run: self.run.clone(),
+        })
+    }
 }
 
 /// This machine's host name (gethostname), for the server's stats API.
@@ -129,23 +155,6 @@ fn host_name() -> Option<String> {
     let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     let name = String::from_utf8_lossy(&buf[..len]).trim().to_string();
     (!name.is_empty()).then_some(name)
-}
-
-/// A look at a running send, handed to the watcher every period.
-pub struct Live<'a> {
-    /// This end's streams with their live counters and last TCP_INFO.
-    pub streams: &'a [Arc<StreamStats>],
-    /// Since the streams started.
-    pub elapsed: Duration,
-    /// What the mode knows beyond bytes (disk mode: files).
-    pub plane: Option<PlaneProgress>,
-}
-
-/// How a caller follows a running send: `tick` is called every `every`
-/// (TCP_INFO is sampled just before).
-pub struct Watch<'a> {
-    pub every: Duration,
-    pub tick: &'a mut dyn FnMut(&Live<'_>),
 }
 
 /// Handshake result: the session and the key its data connections prove.
@@ -274,30 +283,6 @@ fn check_idle_streams(
     Ok(())
 }
 
-/// Refuses a `--start-at` instant more than [`START_AT_SLACK`] past: a
-/// sender that late would run out of step with its phase.
-pub fn check_start_at(start_at: Option<SystemTime>) -> Result<()> {
-    if let Some(at) = start_at {
-        if let Ok(late) = SystemTime::now().duration_since(at) {
-            if late > START_AT_SLACK {
-                return Err(Error::Usage(format!(
-                    "--start-at {} passed {:.1} s ago; hand the senders a later instant",
-                    longhaul_units::rfc3339(at),
-                    late.as_secs_f64()
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Sleeps until the wall-clock instant `at` (at once if it has passed).
-pub fn sleep_until(at: SystemTime) {
-    if let Ok(wait) = at.duration_since(SystemTime::now()) {
-        std::thread::sleep(wait);
-    }
-}
-
 /// A send that failed: why, and the final report when the data phase ran
 /// to its end (files that failed, idle streams with `--strict`), which
 /// then says `"ok": false` and what moved and was verified.
@@ -409,5 +394,27 @@ pub fn run_reporting(
             report: Some(Box::new(report.failed(&error))),
             error,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_iperf3_test_is_memory_to_memory_without_a_token() {
+        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Bytes(1 << 30)));
+        o.streams = 3;
+        let t = o.iperf3_test().unwrap();
+        assert_eq!((t.streams, t.amount), (3, Amount::Bytes(1 << 30)));
+        o.token = Some(Token::from_bytes(b"t"));
+        assert!(matches!(o.iperf3_test(), Err(Error::Usage(m)) if m.contains("--token-file")));
+        let files = Payload::Files {
+            paths: vec!["x".into()],
+            dest: "d".into(),
+            disk: Default::default(),
+        };
+        let o = SendOptions::new("h:5201", files);
+        assert!(matches!(o.iperf3_test(), Err(Error::Usage(m)) if m.contains("memory to memory")));
     }
 }

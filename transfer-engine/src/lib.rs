@@ -1,75 +1,39 @@
-//! The longhaul transfer engine as a library: what `longhaul serve` and
-//! `longhaul send` do, for the `longhaul` binary (transfer-engine/cli) and
-//! for campaign science (transfer-engine/science), which drive it through
-//! [`client::run`], [`server::Server`] and [`probe::measure`].
+//! The longhaul transfer engine's ends as a library: what `longhaul serve`
+//! and `longhaul send` do, for the `longhaul` binary (transfer-engine/cli)
+//! and for campaign science (transfer-engine/science), which drive it
+//! through [`client::run`], [`server::Server`] and [`probe::measure`].
 //!
-//! Layers, bottom to top; each imports only from layers below it
-//! (docs/architecture.md has one line per module):
+//! The engine is four crates (docs/architecture.md has one line per
+//! module); each imports only the ones below it:
 //!
-//! 1. Ground: [`error`], [`limits`] (every named timeout and limit),
-//!    [`pacer`], [`cpu`], [`sockopt`], [`logline`], [`memory`],
-//!    [`membench`], [`cpus`] (CPU lists, NUMA nodes, worker placement),
-//!    [`workers`] (the data workers: a few threads multiplexing every
-//!    stream of the process with epoll).
-//! 2. Wire: [`frame`] (length-prefixed frames), [`messages`] (every
-//!    control message), [`auth`] and [`attach`] (tokens, proofs, the data
-//!    connection's header), [`connection`] (a control connection),
-//!    [`handshake`] (both halves of the handshake, and what a first message
-//!    is for admission).
-//! 3. Streams and sessions: [`datapath`] (the data plane interface:
-//!    sources, sinks and what a mode adds), [`stream`] (how one stream
-//!    runs), [`session`] (stream layout, the data phase, the checks both
-//!    ends share).
-//! 4. Data planes ([`planes`]): memory, disk and messages, and the one
-//!    place a mode is chosen.
-//! 5. Ends: [`client`] (`send`) with its [`send_report`]; [`server`]
-//!    (`serve`) with its [`registry`] and [`stats_http`] (the stats API);
-//!    [`probe`] (ping/pong over the control connection); [`iperf3`]
-//!    (iperf3's protocol: a server of many tests at once and a client),
-//!    beside the engine's own ends and on the same streams and registry.
+//! - `longhaul-core`: the wire, control connections and the handshake,
+//!   streams and their data workers, the data phase of a session, the
+//!   memory plane, the session registry and the stats API's server;
+//! - `longhaul-disk`: disk-to-disk mode, a data plane on the core;
+//! - `longhaul-iperf3`: iperf3's protocol (a server of many tests at once
+//!   and a client) on the core's streams and registry;
+//! - this crate: the ends. [`planes`] chooses a mode's plane (memory, disk,
+//!   messages); [`client`] (`send`), [`server`] (`serve`) and [`probe`]
+//!   (ping/pong over the control connection) run sessions with it.
+//!
+//! What the binary, science and the tests use of the core, disk mode and
+//! iperf3 is re-exported here (`longhaul_engine::messages`,
+//! `longhaul_engine::planes::disk`, `longhaul_engine::iperf3`), so they
+//! name one crate; the rest of the core stays out of this crate's API.
 
-pub mod attach;
-pub mod auth;
 pub mod client;
-pub mod connection;
-pub mod cpu;
-pub mod cpus;
-pub mod datapath;
-pub mod error;
-pub mod frame;
-pub mod handshake;
-pub mod iperf3;
-pub mod limits;
-pub mod logline;
-pub mod membench;
-pub mod memory;
-pub mod messages;
-pub mod pacer;
 pub mod planes;
 pub mod probe;
-pub mod registry;
-pub mod send_report;
 pub mod server;
-pub mod session;
-pub mod sockopt;
-pub mod stats_http;
-pub mod stream;
-pub mod ticks;
-pub mod workers;
 
-pub use error::{Error, Result};
-
-/// Version of the control protocol. Bumped on any incompatible change to
-/// frames, messages or the attach header; both ends refuse a mismatch.
-///
-/// 2: the client sends `StreamsReport` during the data phase, which a
-/// version-1 server would reject as an unknown message in mid-run; the bump
-/// turns that into a clear version mismatch at the handshake.
-///
-/// 3: an end that checks files before its disk-mode answer sends
-/// `ModeData {disk: working}` meanwhile, which a version-2 peer would
-/// reject as a malformed disk message.
-pub const PROTOCOL_VERSION: u32 = 3;
-
-/// Software version reported in the handshake and the stats API.
-pub const SOFTWARE_VERSION: &str = env!("CARGO_PKG_VERSION");
+// What the binary, science and the tests name through this crate.
+pub use longhaul_core::{
+    attach, auth, connection, cpus, frame, handshake, limits, membench, messages, send_report,
+    sockopt, workers,
+};
+// The rest of the core, by the short names this crate's modules use.
+use longhaul_core::{
+    datapath, error, logline, memory, registry, sending, session, stats_http, stream,
+};
+pub use longhaul_core::{Error, Result, PROTOCOL_VERSION, SOFTWARE_VERSION};
+pub use longhaul_iperf3 as iperf3;

@@ -30,6 +30,19 @@ pub fn cannot_run(why: &str) {
     panic!("this test cannot run here: {why} (set {ALLOW_SKIP}=1 to skip such tests on a machine without it)");
 }
 
+/// The directory of the package whose test runs now, as `cargo test` says
+/// when it runs the test (`CARGO_MANIFEST_DIR` in its environment), not as
+/// it was when the test was built (`env!`): cargo reuses a test binary built
+/// from another checkout of the same sources when they share a target
+/// directory (CI's clone and a developer's tree under one
+/// `CARGO_TARGET_DIR`), and the built-in path would then name the other
+/// checkout's fixtures, or a checkout since removed.
+pub fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .expect("CARGO_MANIFEST_DIR: run the tests with cargo test")
+}
+
 /// A connected TCP pair over loopback: the connecting end, then the
 /// accepted one (its listener is gone; sockets tests configure themselves).
 pub fn loopback_pair() -> (std::net::TcpStream, std::net::TcpStream) {

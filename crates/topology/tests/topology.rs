@@ -13,7 +13,7 @@ const ARCMSR: &str = "0000:81:00.0";
 const AHCI: &str = "0000:00:1f.2";
 
 fn sysfs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs-server/sys")
+    longhaul_testkit::package_dir().join("../../tests/fixtures/sysfs-server/sys")
 }
 
 fn disk(name: &str, controller: &str) -> Disk {

@@ -159,7 +159,9 @@ fn run(
             } else {
                 longhaul_engine::iperf3::params::Transport::Tcp
             };
-            longhaul_engine::iperf3::client::run(opts, transport, watch).map_err(Failure::from)
+            opts.iperf3_test()
+                .and_then(|test| longhaul_engine::iperf3::client::run(&test, transport, watch))
+                .map_err(Failure::from)
         }
     };
     if let Display::Bar { bar, .. } = &display {

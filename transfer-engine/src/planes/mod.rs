@@ -9,9 +9,13 @@
 //! (see [`crate::datapath`]). A new mode is a new plane here, a [`Mode`]
 //! variant on the wire and a [`Payload`] variant for the client.
 
-pub mod disk;
-pub mod memory;
 pub mod messages;
+
+pub use longhaul_core::memory_plane as memory;
+pub use longhaul_disk as disk;
+
+/// How much a stream moves in memory and messages mode.
+pub use crate::sending::Amount;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,17 +29,6 @@ use self::disk::claims::Claimant;
 use self::disk::DiskOptions;
 use self::memory::MemoryPlane;
 use self::messages::{MessagesParams, MessagesPlane};
-
-/// How much a sending stream moves in the modes that have no data of their
-/// own to send (memory, messages).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Amount {
-    /// For this many seconds (`--time`).
-    Seconds(f64),
-    /// Exactly this many payload bytes per direction, split over the
-    /// streams (`--bytes`).
-    Bytes(u64),
-}
 
 /// What `longhaul send` moves: the mode and what that mode needs.
 #[derive(Debug, Clone)]

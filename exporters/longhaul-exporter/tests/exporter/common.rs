@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,11 +13,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_longhaul-exporter");
 
 /// The fixture disk server shared with crates/topology.
 pub fn server_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs-server")
+    longhaul_testkit::package_dir().join("../../tests/fixtures/sysfs-server")
 }
 
 pub fn exporter_fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    longhaul_testkit::package_dir().join("tests/fixtures")
 }
 
 /// Flags pointing the exporter at the fixture server.

@@ -372,9 +372,9 @@ pub fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
 }
 
 /// Test support: sockets accepted from a [`start_accepted_as_neutral`]
-/// listener.
-#[cfg(test)]
-pub(crate) mod neutral {
+/// listener (for the crates above through the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
+pub mod neutral {
     use super::*;
     use std::net::TcpStream;
 

@@ -166,8 +166,7 @@ mod tests {
 
     #[test]
     fn two_raid_controllers_of_the_fixture_server_are_two_groups() {
-        let sysfs =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs-server/sys");
+        let sysfs = longhaul_testkit::package_dir().join("../tests/fixtures/sysfs-server/sys");
         let mut m = DeviceMap::new(&sysfs);
         let sdc = m.group_of(libc::makedev(8, 32));
         let sdd = m.group_of(libc::makedev(8, 48));

@@ -34,7 +34,6 @@ use longhaul_admission::{
 };
 use longhaul_units::{format_bps, format_bytes};
 
-use crate::auth::{random_bytes, to_hex};
 use crate::cpu::CpuSnapshot;
 use crate::error::{Error, Result};
 use crate::limits::{
@@ -42,11 +41,12 @@ use crate::limits::{
     SHUTDOWN_TIMEOUT, WATCHDOG_PERIOD,
 };
 use crate::logline;
+use crate::memory_plane::MemoryPlane;
 use crate::messages::Role;
-use crate::planes::memory::MemoryPlane;
 use crate::registry::{Registry, SessionEntry};
 use crate::session::{self, Side};
 use crate::sockopt;
+use longhaul_core::auth::{random_bytes, to_hex};
 
 use super::auth::ServerAuth;
 use super::control::{self, Heard};
@@ -619,7 +619,7 @@ fn test_phases(
     if params.get_server_output {
         ours.server_output_text = Some(format!(
             "longhaul {} (iperf3 protocol): {summary}\n",
-            crate::SOFTWARE_VERSION
+            longhaul_core::SOFTWARE_VERSION
         ));
     }
     control::send_json(&mut w, &ours.to_json())?;
@@ -1133,7 +1133,7 @@ fn summary(test: &TestStreams, params: &Params, counted: TestSeconds) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iperf3::results::{stream_id, StreamResult};
+    use crate::results::{stream_id, StreamResult};
 
     #[test]
     fn a_test_s_sockets_run_its_congestion_control_or_the_machine_s() {

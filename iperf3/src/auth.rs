@@ -91,7 +91,7 @@ pub fn load_public_key(path: &Path) -> Result<PublicKey> {
 /// The hash an authorized users file holds for a user's password.
 pub fn password_hash(user: &str, password: &str) -> String {
     let digest = Sha256::digest(format!("{{{user}}}{password}").as_bytes());
-    crate::auth::to_hex(&digest)
+    longhaul_core::auth::to_hex(&digest)
 }
 
 /// Whether `user` with `hash` is a line of the authorized users `text`.

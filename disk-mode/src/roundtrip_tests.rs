@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::datapath::{Limit, SendBudget, Sink, Source};
 use crate::messages::Role;
-use crate::stream::{self, StreamStats, Work};
+use longhaul_core::stream::{self, StreamStats, Work};
 
 use super::plane::{DiskSink, DiskSource};
 use super::reader::Feed;
@@ -561,7 +561,7 @@ fn each_device_group_is_read_by_its_own_workers_and_counted() {
         ..DiskOptions::default()
     };
     let p = SendPipeline::start(items, groups.clone(), &opts);
-    let plane = crate::planes::memory::MemoryPlane::from_env().unwrap();
+    let plane = longhaul_core::memory_plane::MemoryPlane::from_env().unwrap();
     let sent = run_pairs(
         2,
         || {
@@ -607,7 +607,7 @@ fn manifest_of(path: &str, size: u64, sparse: bool) -> super::wire::Manifest {
 fn receive_raw(
     rx: &Arc<ReceivePipeline>,
     frames: impl FnOnce(&mut std::io::BufWriter<TcpStream>) -> std::io::Result<()> + Send + 'static,
-) -> crate::Result<u64> {
+) -> longhaul_core::Result<u64> {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (b, _) = l.accept().unwrap();

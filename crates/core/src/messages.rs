@@ -91,7 +91,7 @@ pub enum Mode {
     Memory,
     Disk,
     /// Fixed-length messages, request/response or streamed
-    /// ([`crate::planes::messages`]).
+    /// (the engine's `planes::messages`).
     Messages,
 }
 

@@ -1,15 +1,15 @@
 //! The data plane interface: what a stream sends, where received bytes go,
 //! and what a mode adds to the session around them.
 //!
-//! A session's mode picks a [`DataPlane`] (the planes live in
-//! [`crate::planes`]), which hands every sending stream a [`Source`] and
-//! every receiving stream a [`Sink`]. The plane also owns everything else
-//! that is particular to its mode, so the session, the client and the
-//! server never ask which mode they run: its negotiation on the control
-//! connection, its summary in `Done`, its fields of the final report
-//! ([`ModeReport`]), its verdict on a finished session ([`DataPlane::check`]),
-//! its device counters for the stats API and its progress for the client's
-//! display.
+//! A session's mode picks a [`DataPlane`] (the memory plane is in this
+//! crate, the others in the engine's `planes` and in `longhaul-disk`),
+//! which hands every sending stream a [`Source`] and every receiving stream
+//! a [`Sink`]. The plane also owns everything else that is particular to its mode, so the
+//! session, the client and the server never ask which mode they run: its
+//! negotiation on the control connection, its summary in `Done`, its fields
+//! of the final report ([`ModeReport`]), its verdict on a finished session
+//! ([`DataPlane::check`]), its device counters for the stats API and its
+//! progress for the client's display.
 //!
 //! Sources and sinks never block: the data workers ([`crate::workers`])
 //! call them in turns, each on a non-blocking socket, and a turn ends with

@@ -14,7 +14,7 @@
 //!   server's UDP port.
 //! - [`control`]: the control connection's reader and writes.
 //! - [`streams`]: one end's data streams: TCP through the engine's
-//!   [`crate::stream`] and memory plane, UDP through [`udp`].
+//!   [`longhaul_core::stream`] and memory plane, UDP through [`udp`].
 //! - [`server`] and [`client`]: the two ends.
 //!
 //! Nothing here was copied from iperf3; the protocol facts come from its
@@ -29,3 +29,10 @@ pub mod server;
 pub mod streams;
 pub mod udp;
 pub mod wire;
+
+// The core's modules by their short names, as the engine's own modules
+// name them (`crate::stream`).
+use longhaul_core::{
+    connection, cpu, datapath, error, limits, logline, memory, memory_plane, messages, pacer,
+    registry, send_report, sending, session, sockopt, stream, ticks,
+};

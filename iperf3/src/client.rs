@@ -17,20 +17,19 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
-use crate::client::{Live, SendOptions, Watch};
 use crate::connection;
 use crate::cpu::CpuSnapshot;
 use crate::datapath::ModeReport;
 use crate::error::{Error, Result};
-use crate::limits::{HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
+use crate::limits::{DEFAULT_BUFFER, HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
+use crate::memory_plane::MemoryPlane;
 use crate::messages::{CpuReport, Direction, Mode, Role};
-use crate::planes::memory::MemoryPlane;
-use crate::planes::{Amount, Payload};
 use crate::send_report::{FinalReport, Measured, StreamResult as ReportStream};
+use crate::sending::{check_start_at, sleep_until, Amount, Live, Watch};
 use crate::session::{self, Side};
 use crate::sockopt;
 
@@ -54,6 +53,51 @@ const DRAIN_QUIET: Duration = Duration::from_millis(500);
 /// How often the drain looks at the counters.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
 
+/// What an iperf3 test sends where: `longhaul send --protocol iperf3`'s
+/// flags (the engine's `SendOptions::iperf3_test` makes one), memory to
+/// memory.
+#[derive(Debug, Clone)]
+pub struct TestOptions {
+    /// `HOST:PORT` of the iperf3 server.
+    pub to: String,
+    /// Streams per direction (iperf3's `-P`).
+    pub streams: u32,
+    /// SO_SNDBUF/SO_RCVBUF of every data socket, bytes (`-w`).
+    pub buffer: u64,
+    /// TCP congestion control of the data sockets (`-C`).
+    pub cc: Option<String>,
+    /// Total rate per direction, bits per second (`-b`, split over the
+    /// streams).
+    pub rate_bps: Option<u64>,
+    /// Send (client to server), receive (`-R`) or both (`--bidir`).
+    pub direction: Direction,
+    /// Connect at this instant.
+    pub start_at: Option<SystemTime>,
+    /// For how long (`-t`) or how many bytes (`-n`).
+    pub amount: Amount,
+    /// The campaign and run, carried to the server in `extra_data`.
+    pub campaign: Option<String>,
+    pub run: Option<String>,
+}
+
+impl TestOptions {
+    /// One stream of the default buffer, client to server.
+    pub fn new(to: impl Into<String>, amount: Amount) -> TestOptions {
+        TestOptions {
+            to: to.into(),
+            streams: 1,
+            buffer: DEFAULT_BUFFER,
+            cc: None,
+            rate_bps: None,
+            direction: Direction::Send,
+            start_at: None,
+            amount,
+            campaign: None,
+            run: None,
+        }
+    }
+}
+
 enum Event {
     Control(Heard),
     Ended(StreamEnd),
@@ -70,20 +114,7 @@ fn refusal(code: ErrorCode) -> Error {
 }
 
 /// Checks that the options make an iperf3 test over `transport`.
-fn check(opts: &SendOptions, transport: Transport) -> Result<u64> {
-    let amount = match &opts.payload {
-        Payload::Memory(a) => *a,
-        _ => {
-            return Err(Error::Usage(
-                "--protocol iperf3 runs memory to memory: no PATHs or messages".into(),
-            ))
-        }
-    };
-    if opts.token.is_some() {
-        return Err(Error::Usage(
-            "--token-file is longhaul's own authentication; iperf3 servers take none here".into(),
-        ));
-    }
+fn check(opts: &TestOptions, transport: Transport) -> Result<u64> {
     if opts.streams == 0 || opts.streams > MAX_PARALLEL {
         return Err(Error::Usage(format!(
             "--protocol iperf3 allows 1 to {MAX_PARALLEL} streams (iperf3's limit), got {}",
@@ -105,18 +136,17 @@ fn check(opts: &SendOptions, transport: Transport) -> Result<u64> {
             return Err(Error::Usage("iperf3's SCTP tests are not supported".into()))
         }
     }
-    Ok(match amount {
+    Ok(match opts.amount {
         Amount::Bytes(b) => b,
         Amount::Seconds(_) => 0,
     })
 }
 
 /// The parameter block of these options over `transport`.
-fn params(opts: &SendOptions, transport: Transport) -> Params {
-    let (time, bytes) = match &opts.payload {
-        Payload::Memory(Amount::Bytes(b)) => (0, *b),
-        Payload::Memory(Amount::Seconds(s)) => (s.ceil().max(1.0) as u64, 0),
-        _ => (0, 0),
+fn params(opts: &TestOptions, transport: Transport) -> Params {
+    let (time, bytes) = match opts.amount {
+        Amount::Bytes(b) => (0, b),
+        Amount::Seconds(s) => (s.ceil().max(1.0) as u64, 0),
     };
     let mut p = Params {
         transport,
@@ -167,7 +197,7 @@ fn read_state(ctrl: &TcpStream) -> Result<State> {
 fn connect_streams(
     addr: SocketAddr,
     cookie: Cookie,
-    opts: &SendOptions,
+    opts: &TestOptions,
     total: u32,
 ) -> Result<Vec<TcpStream>> {
     use std::io::Write;
@@ -215,7 +245,7 @@ fn server_event(h: Heard, when: &str) -> Error {
 }
 
 /// Opens the test's UDP streams one after the other, as iperf3 does.
-fn connect_udp_streams(addr: SocketAddr, opts: &SendOptions, total: u32) -> Result<Vec<UdpSocket>> {
+fn connect_udp_streams(addr: SocketAddr, opts: &TestOptions, total: u32) -> Result<Vec<UdpSocket>> {
     (0..total)
         .map(|_| {
             udp::connect_stream(addr, opts.buffer, HANDSHAKE_TIMEOUT)
@@ -236,14 +266,14 @@ struct Connected {
 
 /// Connects to the server at `opts.to`, sends our cookie and parameters,
 /// and connects the test's streams when the server asks for them.
-fn connect(opts: &SendOptions, transport: Transport, p: &Params) -> Result<Connected> {
+fn connect(opts: &TestOptions, transport: Transport, p: &Params) -> Result<Connected> {
     let addr = connection::resolve(&opts.to)?;
     // iperf3's server starts the test as soon as the streams are attached,
     // so `--start-at` is when we connect: a round trip or two before the
     // data flows.
-    crate::client::check_start_at(opts.start_at)?;
+    check_start_at(opts.start_at)?;
     if let Some(at) = opts.start_at {
-        crate::client::sleep_until(at);
+        sleep_until(at);
     }
     let ctrl = connection::connect(addr)?;
     let cookie = Cookie::random();
@@ -292,7 +322,7 @@ fn connect(opts: &SendOptions, transport: Transport, p: &Params) -> Result<Conne
 /// at `opts.to` and returns longhaul's final report; `watch`, if any,
 /// follows the data phase.
 pub fn run(
-    opts: &SendOptions,
+    opts: &TestOptions,
     transport: Transport,
     watch: Option<Watch<'_>>,
 ) -> Result<FinalReport> {
@@ -323,9 +353,9 @@ pub fn run(
     let plan = Plan {
         shape: shape.clone(),
         side: Side::Client,
-        send_for: match opts.payload {
-            Payload::Memory(Amount::Seconds(s)) => Duration::from_secs_f64(s),
-            _ => Duration::from_secs(p.time),
+        send_for: match opts.amount {
+            Amount::Seconds(s) => Duration::from_secs_f64(s),
+            Amount::Bytes(_) => Duration::from_secs(p.time),
         },
         stream_rate_bps: p.bandwidth,
         block: p.block() as usize,
@@ -547,7 +577,7 @@ struct Ended<'a> {
 }
 
 /// Longhaul's final report of an iperf3 test.
-fn report(opts: &SendOptions, ended: &Ended<'_>) -> FinalReport {
+fn report(opts: &TestOptions, ended: &Ended<'_>) -> FinalReport {
     let &Ended {
         test,
         ours,
@@ -645,9 +675,9 @@ fn report(opts: &SendOptions, ended: &Ended<'_>) -> FinalReport {
         session: cookie.as_str().to_string(),
         peer: addr.to_string(),
         started,
-        requested_seconds: match opts.payload {
-            Payload::Memory(Amount::Seconds(s)) => Some(s),
-            _ => None,
+        requested_seconds: match opts.amount {
+            Amount::Seconds(s) => Some(s),
+            Amount::Bytes(_) => None,
         },
         mode_report,
     })
@@ -660,7 +690,7 @@ mod tests {
 
     #[test]
     fn options_become_iperf3_parameters() {
-        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(2.5)));
+        let mut o = TestOptions::new("h:5201", Amount::Seconds(2.5));
         o.streams = 4;
         o.direction = Direction::Bidir;
         o.rate_bps = Some(4_000_000_000);
@@ -670,26 +700,21 @@ mod tests {
         assert!(p.bidirectional && !p.reverse);
         assert_eq!(p.bandwidth, 1_000_000_000);
         assert_eq!(p.window, o.buffer);
-        let o = SendOptions::new("h:5201", Payload::Memory(Amount::Bytes(1 << 30)));
+        let o = TestOptions::new("h:5201", Amount::Bytes(1 << 30));
         let p = params(&o, Transport::Tcp);
         assert_eq!((p.time, p.bytes), (0, 1 << 30));
     }
 
     #[test]
     fn options_iperf3_cannot_carry_are_usage_errors() {
-        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(1.0)));
+        let mut o = TestOptions::new("h:5201", Amount::Seconds(1.0));
         o.streams = 129;
         assert!(matches!(check(&o, Transport::Tcp), Err(Error::Usage(m)) if m.contains("128")));
-        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(1.0)));
-        o.token = Some(crate::auth::Token::from_bytes(b"t"));
-        assert!(
-            matches!(check(&o, Transport::Tcp), Err(Error::Usage(m)) if m.contains("--token-file"))
-        );
     }
 
     #[test]
     fn udp_tests_are_paced_datagrams() {
-        let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Seconds(2.0)));
+        let mut o = TestOptions::new("h:5201", Amount::Seconds(2.0));
         o.streams = 2;
         assert!(matches!(check(&o, Transport::Udp), Err(Error::Usage(m)) if m.contains("--rate")));
         o.rate_bps = Some(100_000_000);

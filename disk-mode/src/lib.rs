@@ -24,7 +24,7 @@
 //!   hashing as they receive, and hand blocks to the writer threads of the
 //!   file's device.
 //! - [`source`] ties walk, devices and reader together for the client.
-//! - [`plane`] puts both pipelines behind the engine's session: the
+//! - [`plane`] puts both pipelines behind the core's session: the
 //!   manifest/plan exchange and the `DataPlane`s.
 //!
 //! Memory stays flat whatever the tree size: every block lives in a buffer
@@ -46,6 +46,12 @@ pub mod writer;
 
 #[cfg(test)]
 mod roundtrip_tests;
+
+// The core's modules by their short names, as the engine's own modules
+// name them (`crate::datapath`).
+use longhaul_core::{
+    connection, datapath, error, frame, limits, logline, messages, sockopt, workers,
+};
 
 use std::io;
 use std::path::PathBuf;

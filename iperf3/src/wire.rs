@@ -43,7 +43,7 @@ pub enum CookieCheck {
 impl Cookie {
     /// A fresh random cookie, as an iperf3 client makes one.
     pub fn random() -> Cookie {
-        let bytes = crate::auth::random_bytes::<{ COOKIE_LEN - 1 }>();
+        let bytes = longhaul_core::auth::random_bytes::<{ COOKIE_LEN - 1 }>();
         let mut c = [0u8; COOKIE_LEN - 1];
         for (slot, b) in c.iter_mut().zip(bytes) {
             *slot = COOKIE_CHARS[(b % 32) as usize];

@@ -17,12 +17,12 @@ pub(super) fn write_worker(queue: Arc<WorkQueue>, io: IoQueue<WriteTag>, sh: Arc
     let _ = fin.join();
 }
 
-/// Writes each writer worker keeps in flight ([`crate::planes::disk::ioqueue`]). A worker owns
+/// Writes each writer worker keeps in flight ([`crate::ioqueue`]). A worker owns
 /// its files' state while the device always has the next block queued as
 /// one completes (and while the worker opens the next file). Blocks of one
 /// file land at distinct offsets and the [`OrderedDigest`] takes chunks in
 /// any order; a chunk counts as written only once its write returned.
-pub const WRITE_DEPTH: usize = crate::planes::disk::ioqueue::DEPTH;
+pub const WRITE_DEPTH: usize = crate::ioqueue::DEPTH;
 
 /// What a write in flight belongs to.
 pub(super) struct WriteTag {
@@ -270,7 +270,7 @@ impl Worker<'_> {
     }
 
     /// A write completed.
-    pub(super) fn written(&mut self, d: crate::planes::disk::ioqueue::Done<WriteTag>) {
+    pub(super) fn written(&mut self, d: crate::ioqueue::Done<WriteTag>) {
         let sh = self.sh;
         let t = d.tag;
         let len = d.buf.len() as u64;
