@@ -28,10 +28,13 @@
 
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::num::NonZeroUsize;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use polling::{Event, Events, PollMode, Poller};
 
 use crate::budget::{ProofBudget, ProofLimits, ProofTurn};
 use crate::pending::{EntryId, Limits, PendingSet};
@@ -203,11 +206,12 @@ const SWEEP_PERIOD: Duration = Duration::from_millis(100);
 const LOG_LINES_PER_WINDOW: u32 = 10;
 const LOG_WINDOW: Duration = Duration::from_secs(10);
 
-/// Events taken from epoll per wait.
-const EVENTS_PER_WAIT: usize = 256;
+/// Events taken from the poller per wait.
+const EVENTS_PER_WAIT: NonZeroUsize = NonZeroUsize::new(256).expect("not zero");
 
-/// Token of the listening socket (entry ids count up from 0).
-const LISTENER_TOKEN: u64 = u64::MAX;
+/// Key of the listening socket (entry ids count up from 0; the poller keeps
+/// `usize::MAX` for itself).
+const LISTENER_KEY: usize = usize::MAX - 1;
 
 struct RateLimitedLog {
     window_start: Instant,
@@ -350,50 +354,39 @@ pub struct Lobby<P: Protocol> {
     shared: Arc<Shared<P>>,
 }
 
-struct Epoll(OwnedFd);
+/// The waiting room's sockets and the listener, watched for input
+/// (level-triggered: a socket with unread bytes is reported again).
+struct Readiness(Poller);
 
-impl Epoll {
-    fn new() -> io::Result<Epoll> {
-        // SAFETY: plain syscall; the descriptor is checked below.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+impl Readiness {
+    fn new() -> io::Result<Readiness> {
+        Ok(Readiness(Poller::new()?))
     }
 
-    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-            u64: token,
-        };
-        // SAFETY: ev lives across the call; fd is open.
-        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) } < 0 {
-            return Err(io::Error::last_os_error());
+    /// Watches `fd` for input (or the peer's close) under `key`. The caller
+    /// unwatches it before closing it.
+    fn watch(&self, fd: RawFd, key: usize) -> io::Result<()> {
+        // SAFETY: every waiting socket is unwatched before it is dropped
+        // (close_waiting, readable); the listener outlives the poller.
+        unsafe {
+            self.0
+                .add_with_mode(fd, Event::readable(key), PollMode::Level)
         }
-        Ok(())
     }
 
-    fn wait(&self, events: &mut [libc::epoll_event], timeout: Duration) -> io::Result<usize> {
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: events is a valid buffer of the given length.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.0.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
-                ms,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(0);
-            }
-            return Err(e);
+    fn unwatch(&self, fd: RawFd) {
+        // SAFETY: fd is a waiting socket still open (its owner is dropped
+        // after this call).
+        let _ = self.0.delete(unsafe { BorrowedFd::borrow_raw(fd) });
+    }
+
+    /// The keys of the sockets with input, after at most `timeout`.
+    fn wait(&self, events: &mut Events, timeout: Duration) -> io::Result<()> {
+        events.clear();
+        match self.0.wait(events, Some(timeout)) {
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
+            _ => Ok(()),
         }
-        Ok(n as usize)
     }
 }
 
@@ -423,30 +416,25 @@ impl<P: Protocol> Lobby<P> {
     /// Accepts and admits connections until an unrecoverable error.
     pub fn run(self) -> io::Result<()> {
         self.listener.set_nonblocking(true)?;
-        let epoll = Epoll::new()?;
-        epoll.ctl(
-            libc::EPOLL_CTL_ADD,
-            self.listener.as_raw_fd(),
-            LISTENER_TOKEN,
-        )?;
+        let ready = Readiness::new()?;
+        ready.watch(self.listener.as_raw_fd(), LISTENER_KEY)?;
         let mut waiting: PendingSet<Waiting> = PendingSet::new(self.settings.waiting);
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT];
+        let mut events = Events::with_capacity(EVENTS_PER_WAIT);
         let mut next_sweep = Instant::now() + SWEEP_PERIOD;
         loop {
             let wait = next_sweep.saturating_duration_since(Instant::now());
-            let n = epoll.wait(&mut events, wait)?;
-            for ev in &events[..n] {
-                let token = ev.u64;
-                if token == LISTENER_TOKEN {
-                    self.accept_all(&epoll, &mut waiting);
+            ready.wait(&mut events, wait)?;
+            for ev in events.iter() {
+                if ev.key == LISTENER_KEY {
+                    self.accept_all(&ready, &mut waiting);
                 } else {
-                    self.readable(&epoll, &mut waiting, token);
+                    self.readable(&ready, &mut waiting, ev.key as EntryId);
                 }
             }
             let now = Instant::now();
             if now >= next_sweep {
                 next_sweep = now + SWEEP_PERIOD;
-                self.sweep(&epoll, &mut waiting, now);
+                self.sweep(&ready, &mut waiting, now);
             }
         }
     }
@@ -459,13 +447,13 @@ impl<P: Protocol> Lobby<P> {
         }
     }
 
-    fn close_waiting(&self, epoll: &Epoll, w: Waiting, why: &str) {
-        let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
+    fn close_waiting(&self, ready: &Readiness, w: Waiting, why: &str) {
+        ready.unwatch(w.stream.as_raw_fd());
         self.shared
             .note(&format!("dropped connection from {}: {why}", w.peer));
     }
 
-    fn accept_all(&self, epoll: &Epoll, waiting: &mut PendingSet<Waiting>) {
+    fn accept_all(&self, ready: &Readiness, waiting: &mut PendingSet<Waiting>) {
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => c,
@@ -502,18 +490,18 @@ impl<P: Protocol> Lobby<P> {
             for w in evicted {
                 self.shared.counters.evicted.fetch_add(1, Ordering::Relaxed);
                 self.close_waiting(
-                    epoll,
+                    ready,
                     w,
                     "no first message yet, pushed out by newer connections (waiting pool full)",
                 );
             }
-            if epoll.ctl(libc::EPOLL_CTL_ADD, fd, id).is_err() {
+            if ready.watch(fd, id as usize).is_err() {
                 waiting.remove(id);
             }
         }
     }
 
-    fn readable(&self, epoll: &Epoll, waiting: &mut PendingSet<Waiting>, id: EntryId) {
+    fn readable(&self, ready: &Readiness, waiting: &mut PendingSet<Waiting>, id: EntryId) {
         let max = self.shared.protocol.max_first_message();
         let Some(w) = waiting.get_mut(id) else {
             return;
@@ -547,9 +535,9 @@ impl<P: Protocol> Lobby<P> {
                 let w = waiting.remove(id).expect("looked up above");
                 // A bare connect-and-close (a port probe) is not worth a line.
                 if !w.received.is_empty() {
-                    self.close_waiting(epoll, w, &closed.unwrap_or_default());
+                    self.close_waiting(ready, w, &closed.unwrap_or_default());
                 } else {
-                    let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
+                    ready.unwatch(w.stream.as_raw_fd());
                 }
                 return;
             }
@@ -561,7 +549,7 @@ impl<P: Protocol> Lobby<P> {
             other => other,
         };
         let w = waiting.remove(id).expect("looked up above");
-        let _ = epoll.ctl(libc::EPOLL_CTL_DEL, w.stream.as_raw_fd(), 0);
+        ready.unwatch(w.stream.as_raw_fd());
         match verdict {
             FirstMessage::Garbage(why) => {
                 self.shared.counters.garbage.fetch_add(1, Ordering::Relaxed);
@@ -626,7 +614,7 @@ impl<P: Protocol> Lobby<P> {
         }
     }
 
-    fn sweep(&self, epoll: &Epoll, waiting: &mut PendingSet<Waiting>, now: Instant) {
+    fn sweep(&self, ready: &Readiness, waiting: &mut PendingSet<Waiting>, now: Instant) {
         for w in waiting.expired(now) {
             self.shared.counters.expired.fetch_add(1, Ordering::Relaxed);
             let why = format!(
@@ -634,7 +622,7 @@ impl<P: Protocol> Lobby<P> {
                 self.settings.deadline.as_secs(),
                 w.received.len()
             );
-            self.close_waiting(epoll, w, &why);
+            self.close_waiting(ready, w, &why);
         }
         let late = self
             .shared

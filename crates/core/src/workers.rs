@@ -15,17 +15,22 @@
 //! Yielded tasks run again in the next round, after every task that became
 //! ready meanwhile: each round gives every ready task at most one turn, so
 //! with 1024 streams on two workers every stream moves within a few rounds
-//! and none starves. epoll is level-triggered, so a task that stops before
-//! its socket would block is reported again; a task that waits only for a
-//! waker or a timer is taken out of epoll meanwhile.
+//! and none starves. Readiness comes from the `polling` crate's poller
+//! (epoll on Linux), level-triggered, so a task that stops before its
+//! socket would block is reported again; a task that waits only for a
+//! waker or a timer is taken out of the poller meanwhile. The admission
+//! lobby (`longhaul-admission`) waits on the same kind of poller.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::num::NonZeroUsize;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use polling::{Event, Events, PollMode, Poller};
 
 use crate::cpus::{self, Affinity, Topology};
 use crate::error::{Error, Result};
@@ -36,21 +41,30 @@ use crate::error::{Error, Result};
 /// well under a second per worker at loopback speeds.
 pub const TURN_BYTES: usize = 4 << 20;
 
-/// Events one `epoll_wait` returns at most.
-const MAX_EVENTS: usize = 256;
-
-/// The epoll token of a worker's own wake-up eventfd.
-const WAKE_TOKEN: u64 = u64::MAX;
+/// Events one wait returns at most.
+const MAX_EVENTS: NonZeroUsize = NonZeroUsize::new(256).expect("not zero");
 
 /// What a task waits for on its socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Interest(u32);
+pub struct Interest {
+    read: bool,
+    write: bool,
+}
 
 impl Interest {
     /// Nothing on the socket (a waker or a timer).
-    pub const NONE: Interest = Interest(0);
-    pub const READ: Interest = Interest(libc::EPOLLIN as u32);
-    pub const WRITE: Interest = Interest(libc::EPOLLOUT as u32);
+    pub const NONE: Interest = Interest {
+        read: false,
+        write: false,
+    };
+    pub const READ: Interest = Interest {
+        read: true,
+        write: false,
+    };
+    pub const WRITE: Interest = Interest {
+        read: false,
+        write: true,
+    };
 }
 
 /// How a turn ended.
@@ -183,12 +197,11 @@ enum Message {
 
 /// The part of a worker other threads see.
 struct Shared {
-    epoll: OwnedFd,
-    /// An eventfd in the epoll set: written when the inbox gets a message.
-    wake_fd: OwnedFd,
+    /// The worker's sockets; notified when the inbox gets a message.
+    poller: Poller,
     inbox: Mutex<Vec<Message>>,
-    /// Whether the eventfd was written and not consumed yet (saves a write
-    /// per message while the worker is busy).
+    /// Whether the inbox has messages the worker has not taken yet (saves a
+    /// notification per message while the worker is busy).
     signalled: AtomicBool,
     /// Tasks on this worker (for placing new ones).
     load: AtomicUsize,
@@ -202,9 +215,9 @@ impl Shared {
 
     fn signal(&self) {
         if !self.signalled.swap(true, Ordering::AcqRel) {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a local to our eventfd.
-            unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            // Fails only when the kernel refuses to write an eventfd; the
+            // worker then sees the inbox at its next wait (a timer, a socket).
+            let _ = self.poller.notify();
         }
     }
 }
@@ -250,38 +263,12 @@ pub fn pool() -> Result<&'static Pool> {
     })
 }
 
-fn last_err() -> std::io::Error {
-    std::io::Error::last_os_error()
-}
-
 impl Pool {
     fn start(placement: Vec<Affinity>) -> std::io::Result<Pool> {
         let mut workers = Vec::with_capacity(placement.len());
         for (i, affinity) in placement.iter().enumerate() {
-            // SAFETY: plain syscalls; the descriptors are owned right away.
-            let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            if epoll < 0 {
-                return Err(last_err());
-            }
-            // SAFETY: a fresh descriptor we own.
-            let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
-            // SAFETY: as above.
-            let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            if wake < 0 {
-                return Err(last_err());
-            }
-            // SAFETY: a fresh descriptor we own.
-            let wake_fd = unsafe { OwnedFd::from_raw_fd(wake) };
-            ctl(
-                epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                wake_fd.as_raw_fd(),
-                libc::EPOLLIN as u32,
-                WAKE_TOKEN,
-            )?;
             let shared = Arc::new(Shared {
-                epoll,
-                wake_fd,
+                poller: Poller::new()?,
                 inbox: Mutex::new(Vec::new()),
                 signalled: AtomicBool::new(false),
                 load: AtomicUsize::new(0),
@@ -349,24 +336,14 @@ impl Pool {
     }
 }
 
-fn ctl(epoll: RawFd, op: i32, fd: RawFd, events: u32, token: u64) -> std::io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: ev is a valid epoll_event for the duration of the call.
-    if unsafe { libc::epoll_ctl(epoll, op, fd, &mut ev) } == 0 {
-        Ok(())
-    } else {
-        Err(last_err())
-    }
-}
-
 struct Slot {
     task: Option<Box<dyn Task>>,
     id: u64,
     waker: Waker,
     /// Bumped whenever the slot is reused; epoll tokens carry it.
     generation: u32,
-    /// Events the fd is registered for; `None` while out of epoll.
-    registered: Option<u32>,
+    /// What the fd is registered for; `None` while out of the poller.
+    registered: Option<Interest>,
     /// The instant the task asked to run at, if any.
     timer: Option<Instant>,
     /// Last round the task had its turn in.
@@ -386,8 +363,10 @@ struct Worker {
     round: u64,
 }
 
-fn token(slot: usize, generation: u32) -> u64 {
-    (u64::from(generation) << 32) | slot as u64
+/// A task's key in the poller: its slot, and the slot's generation so that
+/// an event for a finished task is not taken for its slot's next one.
+fn key(slot: usize, generation: u32) -> usize {
+    ((generation as usize) << 32) | slot
 }
 
 impl Worker {
@@ -413,31 +392,24 @@ impl Worker {
                 ));
             }
         }
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
+        let mut events = Events::with_capacity(MAX_EVENTS);
         loop {
             self.round += 1;
             let timeout = if self.next.is_empty() {
-                self.timeout_ms()
+                self.timeout()
             } else {
-                0
+                Some(Duration::ZERO)
             };
-            // SAFETY: events has MAX_EVENTS entries.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.shared.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    MAX_EVENTS as i32,
-                    timeout,
-                )
-            };
+            events.clear();
+            // An error (none that epoll_wait can give a valid poller) is a
+            // round without socket events: timers and the inbox still run.
+            let _ = self.shared.poller.wait(&mut events, timeout);
             let mut batch = std::mem::take(&mut self.next);
-            for ev in &events[..n.max(0) as usize] {
-                let t = ev.u64;
-                if t == WAKE_TOKEN {
-                    self.inbox(&mut batch);
-                } else {
-                    batch.push(((t & 0xffff_ffff) as usize, (t >> 32) as u32));
-                }
+            if self.shared.signalled.load(Ordering::Acquire) {
+                self.inbox(&mut batch);
+            }
+            for ev in events.iter() {
+                batch.push((ev.key & 0xffff_ffff, (ev.key >> 32) as u32));
             }
             self.due_timers(&mut batch);
             for (slot, generation) in batch {
@@ -446,17 +418,16 @@ impl Worker {
         }
     }
 
-    /// Milliseconds until the next timer (rounded up), -1 without one.
-    fn timeout_ms(&mut self) -> i32 {
+    /// How long until the next timer; `None` without one.
+    fn timeout(&mut self) -> Option<Duration> {
         while let Some(Reverse((t, slot, generation))) = self.timers.peek().copied() {
             if !self.timer_is_live(t, slot, generation) {
                 self.timers.pop();
                 continue;
             }
-            let left = t.saturating_duration_since(Instant::now());
-            return left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+            return Some(t.saturating_duration_since(Instant::now()));
         }
-        -1
+        None
     }
 
     fn timer_is_live(&self, t: Instant, slot: usize, generation: u32) -> bool {
@@ -480,15 +451,8 @@ impl Worker {
     }
 
     fn inbox(&mut self, batch: &mut Vec<(usize, u32)>) {
-        let mut buf = 0u64;
-        // SAFETY: reads 8 bytes into a local from our eventfd.
-        unsafe {
-            libc::read(
-                self.shared.wake_fd.as_raw_fd(),
-                (&mut buf as *mut u64).cast(),
-                8,
-            )
-        };
+        // Cleared before the inbox is taken: a message sent after this
+        // signals again, so none is left behind.
         self.shared.signalled.store(false, Ordering::Release);
         let messages =
             std::mem::take(&mut *self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner()));
@@ -575,23 +539,27 @@ impl Worker {
         }
     }
 
-    /// Puts the task's fd in epoll for `on`, or takes it out for NONE.
+    /// Puts the task's fd in the poller for `on`, or takes it out for NONE.
     fn register(&mut self, slot: usize, on: Interest) {
-        let epoll = self.shared.epoll.as_raw_fd();
+        let poller = &self.shared.poller;
         let s = &mut self.slots[slot];
         let Some(task) = &s.task else {
             return;
         };
         let fd = task.fd();
-        let want = (on != Interest::NONE).then_some(on.0);
+        let want = (on != Interest::NONE).then_some(on);
         if want == s.registered {
             return;
         }
-        let tok = token(slot, s.generation);
+        let event = |on: Interest| Event::new(key(slot, s.generation), on.read, on.write);
+        // SAFETY: the task owns the fd and keeps it open while it is in the
+        // poller: `remove` takes it out before the task is dropped.
+        let fd_now = unsafe { BorrowedFd::borrow_raw(fd) };
         let r = match (s.registered, want) {
-            (None, Some(ev)) => ctl(epoll, libc::EPOLL_CTL_ADD, fd, ev, tok),
-            (Some(_), Some(ev)) => ctl(epoll, libc::EPOLL_CTL_MOD, fd, ev, tok),
-            (Some(_), None) => ctl(epoll, libc::EPOLL_CTL_DEL, fd, 0, tok),
+            // SAFETY: as above, deleted before the fd closes.
+            (None, Some(on)) => unsafe { poller.add_with_mode(fd, event(on), PollMode::Level) },
+            (Some(_), Some(on)) => poller.modify_with_mode(fd_now, event(on), PollMode::Level),
+            (Some(_), None) => poller.delete(fd_now),
             (None, None) => Ok(()),
         };
         match r {
@@ -621,6 +589,7 @@ impl Worker {
 mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
     use std::sync::mpsc;
     use std::time::Duration;
 
