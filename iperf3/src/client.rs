@@ -25,9 +25,9 @@ use crate::connection;
 use crate::cpu::CpuSnapshot;
 use crate::datapath::ModeReport;
 use crate::error::{Error, Result};
-use crate::limits::{DEFAULT_BUFFER, HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
+use crate::limits::{DEFAULT_SECONDS, HANDSHAKE_TIMEOUT, SHUTDOWN_TIMEOUT};
 use crate::memory_plane::MemoryPlane;
-use crate::messages::{CpuReport, Direction, Mode, Role};
+use crate::messages::{CpuReport, Direction, Mode, Role, SessionRequest};
 use crate::send_report::{FinalReport, Measured, StreamResult as ReportStream};
 use crate::sending::{check_start_at, sleep_until, Amount, Live, Watch};
 use crate::session::{self, Side};
@@ -53,47 +53,26 @@ const DRAIN_QUIET: Duration = Duration::from_millis(500);
 /// How often the drain looks at the counters.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
 
-/// What an iperf3 test sends where: `longhaul send --protocol iperf3`'s
-/// flags (the engine's `SendOptions::iperf3_test` makes one), memory to
-/// memory.
+/// What an iperf3 test sends where, memory to memory: the server, when to
+/// connect, and the test as longhaul's own session request (streams,
+/// direction, buffer, congestion control, rate, time or bytes, campaign and
+/// run), which the engine's `SendOptions::iperf3_test` makes from
+/// `longhaul send --protocol iperf3`'s flags.
 #[derive(Debug, Clone)]
 pub struct TestOptions {
     /// `HOST:PORT` of the iperf3 server.
     pub to: String,
-    /// Streams per direction (iperf3's `-P`).
-    pub streams: u32,
-    /// SO_SNDBUF/SO_RCVBUF of every data socket, bytes (`-w`).
-    pub buffer: u64,
-    /// TCP congestion control of the data sockets (`-C`).
-    pub cc: Option<String>,
-    /// Total rate per direction, bits per second (`-b`, split over the
-    /// streams).
-    pub rate_bps: Option<u64>,
-    /// Send (client to server), receive (`-R`) or both (`--bidir`).
-    pub direction: Direction,
-    /// Connect at this instant.
+    /// `--start-at`: connect at this instant.
     pub start_at: Option<SystemTime>,
-    /// For how long (`-t`) or how many bytes (`-n`).
-    pub amount: Amount,
-    /// The campaign and run, carried to the server in `extra_data`.
-    pub campaign: Option<String>,
-    pub run: Option<String>,
+    pub request: SessionRequest,
 }
 
 impl TestOptions {
-    /// One stream of the default buffer, client to server.
-    pub fn new(to: impl Into<String>, amount: Amount) -> TestOptions {
-        TestOptions {
-            to: to.into(),
-            streams: 1,
-            buffer: DEFAULT_BUFFER,
-            cc: None,
-            rate_bps: None,
-            direction: Direction::Send,
-            start_at: None,
-            amount,
-            campaign: None,
-            run: None,
+    /// How much each stream moves: `--bytes`, or else `--time`.
+    fn amount(&self) -> Amount {
+        match (self.request.bytes, self.request.seconds) {
+            (Some(b), _) => Amount::Bytes(b),
+            (None, s) => Amount::Seconds(s.unwrap_or(DEFAULT_SECONDS)),
         }
     }
 }
@@ -115,18 +94,18 @@ fn refusal(code: ErrorCode) -> Error {
 
 /// Checks that the options make an iperf3 test over `transport`.
 fn check(opts: &TestOptions, transport: Transport) -> Result<u64> {
-    if opts.streams == 0 || opts.streams > MAX_PARALLEL {
+    if opts.request.streams == 0 || opts.request.streams > MAX_PARALLEL {
         return Err(Error::Usage(format!(
             "--protocol iperf3 allows 1 to {MAX_PARALLEL} streams (iperf3's limit), got {}",
-            opts.streams
+            opts.request.streams
         )));
     }
-    if let Some(cc) = &opts.cc {
+    if let Some(cc) = &opts.request.cc {
         sockopt::check_cc(cc)?;
     }
     match transport {
         Transport::Tcp => {}
-        Transport::Udp if opts.rate_bps.is_some() => {}
+        Transport::Udp if opts.request.rate_bps.is_some() => {}
         Transport::Udp => {
             return Err(Error::Usage(
                 "an iperf3 UDP test needs a rate (--rate): UDP has no congestion control".into(),
@@ -136,7 +115,7 @@ fn check(opts: &TestOptions, transport: Transport) -> Result<u64> {
             return Err(Error::Usage("iperf3's SCTP tests are not supported".into()))
         }
     }
-    Ok(match opts.amount {
+    Ok(match opts.amount() {
         Amount::Bytes(b) => b,
         Amount::Seconds(_) => 0,
     })
@@ -144,7 +123,7 @@ fn check(opts: &TestOptions, transport: Transport) -> Result<u64> {
 
 /// The parameter block of these options over `transport`.
 fn params(opts: &TestOptions, transport: Transport) -> Params {
-    let (time, bytes) = match opts.amount {
+    let (time, bytes) = match opts.amount() {
         Amount::Bytes(b) => (0, b),
         Amount::Seconds(s) => (s.ceil().max(1.0) as u64, 0),
     };
@@ -152,15 +131,19 @@ fn params(opts: &TestOptions, transport: Transport) -> Params {
         transport,
         time,
         bytes,
-        parallel: opts.streams,
-        reverse: opts.direction == Direction::Receive,
-        bidirectional: opts.direction == Direction::Bidir,
-        window: opts.buffer,
+        parallel: opts.request.streams,
+        reverse: opts.request.direction == Direction::Receive,
+        bidirectional: opts.request.direction == Direction::Bidir,
+        window: opts.request.buffer,
         bandwidth: opts
+            .request
             .rate_bps
-            .map_or(0, |r| (r / opts.streams as u64).max(1)),
-        congestion: opts.cc.clone(),
-        extra_data: Params::extra_data_of(opts.campaign.as_deref(), opts.run.as_deref()),
+            .map_or(0, |r| (r / opts.request.streams as u64).max(1)),
+        congestion: opts.request.cc.clone(),
+        extra_data: Params::extra_data_of(
+            opts.request.campaign.as_deref(),
+            opts.request.run.as_deref(),
+        ),
         ..Params::default()
     };
     p.len = p.block();
@@ -205,8 +188,8 @@ fn connect_streams(
     (0..total)
         .map(|_| {
             let (mut s, w) = connection::connect_prepared(addr, |s| {
-                let w = sockopt::set_buffers(&s, opts.buffer)?;
-                if let Some(cc) = &opts.cc {
+                let w = sockopt::set_buffers(&s, opts.request.buffer)?;
+                if let Some(cc) = &opts.request.cc {
                     sockopt::set_cc(&s, cc)?;
                 }
                 Ok(w)
@@ -248,7 +231,7 @@ fn server_event(h: Heard, when: &str) -> Error {
 fn connect_udp_streams(addr: SocketAddr, opts: &TestOptions, total: u32) -> Result<Vec<UdpSocket>> {
     (0..total)
         .map(|_| {
-            udp::connect_stream(addr, opts.buffer, HANDSHAKE_TIMEOUT)
+            udp::connect_stream(addr, opts.request.buffer, HANDSHAKE_TIMEOUT)
                 .map_err(|e| Error::io("opening an iperf3 UDP stream", e))
         })
         .collect()
@@ -260,7 +243,7 @@ struct Connected {
     ctrl: TcpStream,
     cookie: Cookie,
     addr: SocketAddr,
-    shape: crate::messages::SessionRequest,
+    shape: SessionRequest,
     sockets: Sockets,
 }
 
@@ -353,7 +336,7 @@ pub fn run(
     let plan = Plan {
         shape: shape.clone(),
         side: Side::Client,
-        send_for: match opts.amount {
+        send_for: match opts.amount() {
             Amount::Seconds(s) => Duration::from_secs_f64(s),
             Amount::Bytes(_) => Duration::from_secs(p.time),
         },
@@ -665,7 +648,7 @@ fn report(opts: &TestOptions, ended: &Ended<'_>) -> FinalReport {
     };
     FinalReport::new(Measured {
         mode: Mode::Memory,
-        direction: opts.direction,
+        direction: opts.request.direction,
         streams,
         sent,
         received,
@@ -675,7 +658,7 @@ fn report(opts: &TestOptions, ended: &Ended<'_>) -> FinalReport {
         session: cookie.as_str().to_string(),
         peer: addr.to_string(),
         started,
-        requested_seconds: match opts.amount {
+        requested_seconds: match opts.amount() {
             Amount::Seconds(s) => Some(s),
             Amount::Bytes(_) => None,
         },
@@ -688,36 +671,62 @@ mod tests {
     use super::super::params::{DEFAULT_TCP_BLOCK, DEFAULT_UDP_BLOCK};
     use super::*;
 
+    /// A test of one stream of 1 MiB buffers, client to server.
+    fn test_of(amount: Amount) -> TestOptions {
+        let (bytes, seconds) = match amount {
+            Amount::Bytes(b) => (Some(b), None),
+            Amount::Seconds(s) => (None, Some(s)),
+        };
+        TestOptions {
+            to: "h:5201".into(),
+            start_at: None,
+            request: SessionRequest {
+                mode: Mode::Memory,
+                direction: Direction::Send,
+                streams: 1,
+                bytes,
+                seconds,
+                buffer: 1 << 20,
+                cc: None,
+                rate_bps: None,
+                mode_params: None,
+                client_host: None,
+                campaign: None,
+                run: None,
+            },
+        }
+    }
+
     #[test]
     fn options_become_iperf3_parameters() {
-        let mut o = TestOptions::new("h:5201", Amount::Seconds(2.5));
-        o.streams = 4;
-        o.direction = Direction::Bidir;
-        o.rate_bps = Some(4_000_000_000);
-        o.cc = Some("cubic".into());
+        let mut o = test_of(Amount::Seconds(2.5));
+        o.request.streams = 4;
+        o.request.direction = Direction::Bidir;
+        o.request.rate_bps = Some(4_000_000_000);
+        o.request.cc = Some("cubic".into());
         let p = params(&o, Transport::Tcp);
         assert_eq!((p.time, p.bytes, p.parallel), (3, 0, 4));
         assert!(p.bidirectional && !p.reverse);
         assert_eq!(p.bandwidth, 1_000_000_000);
-        assert_eq!(p.window, o.buffer);
-        let o = TestOptions::new("h:5201", Amount::Bytes(1 << 30));
+        assert_eq!(p.window, o.request.buffer);
+        let o = test_of(Amount::Bytes(1 << 30));
         let p = params(&o, Transport::Tcp);
         assert_eq!((p.time, p.bytes), (0, 1 << 30));
     }
 
     #[test]
     fn options_iperf3_cannot_carry_are_usage_errors() {
-        let mut o = TestOptions::new("h:5201", Amount::Seconds(1.0));
-        o.streams = 129;
+        let mut o = test_of(Amount::Seconds(1.0));
+        o.request.streams = 129;
         assert!(matches!(check(&o, Transport::Tcp), Err(Error::Usage(m)) if m.contains("128")));
     }
 
     #[test]
     fn udp_tests_are_paced_datagrams() {
-        let mut o = TestOptions::new("h:5201", Amount::Seconds(2.0));
-        o.streams = 2;
+        let mut o = test_of(Amount::Seconds(2.0));
+        o.request.streams = 2;
         assert!(matches!(check(&o, Transport::Udp), Err(Error::Usage(m)) if m.contains("--rate")));
-        o.rate_bps = Some(100_000_000);
+        o.request.rate_bps = Some(100_000_000);
         assert!(check(&o, Transport::Udp).is_ok());
         let p = params(&o, Transport::Udp);
         assert_eq!(p.transport, Transport::Udp);

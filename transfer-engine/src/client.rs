@@ -117,11 +117,11 @@ impl SendOptions {
     /// These options as an iperf3 test (`--protocol iperf3`): memory to
     /// memory, without longhaul's own token.
     pub fn iperf3_test(&self) -> Result<TestOptions> {
-        let Payload::Memory(amount) = self.payload else {
+        if !matches!(self.payload, Payload::Memory(_)) {
             return Err(Error::Usage(
                 "--protocol iperf3 runs memory to memory: no PATHs or messages".into(),
             ));
-        };
+        }
         if self.token.is_some() {
             return Err(Error::Usage(
                 "--token-file is longhaul's own authentication; iperf3 servers take none here"
@@ -130,15 +130,8 @@ impl SendOptions {
         }
         Ok(TestOptions {
             to: self.to.clone(),
-            streams: self.streams,
-            buffer: self.buffer,
-            cc: self.cc.clone(),
-            rate_bps: self.rate_bps,
-            direction: self.direction,
             start_at: self.start_at,
-            amount,
-            campaign: self.campaign.clone(),
-            run: self.run.clone(),
+            request: self.request(),
         })
     }
 }
@@ -406,7 +399,7 @@ mod tests {
         let mut o = SendOptions::new("h:5201", Payload::Memory(Amount::Bytes(1 << 30)));
         o.streams = 3;
         let t = o.iperf3_test().unwrap();
-        assert_eq!((t.streams, t.amount), (3, Amount::Bytes(1 << 30)));
+        assert_eq!((t.request.streams, t.request.bytes), (3, Some(1 << 30)));
         o.token = Some(Token::from_bytes(b"t"));
         assert!(matches!(o.iperf3_test(), Err(Error::Usage(m)) if m.contains("--token-file")));
         let files = Payload::Files {
