@@ -380,13 +380,11 @@ impl Readiness {
         let _ = self.0.delete(unsafe { BorrowedFd::borrow_raw(fd) });
     }
 
-    /// The keys of the sockets with input, after at most `timeout`.
+    /// The keys of the sockets with input, after at most `timeout` (the
+    /// poller itself waits again when a signal interrupts it).
     fn wait(&self, events: &mut Events, timeout: Duration) -> io::Result<()> {
         events.clear();
-        match self.0.wait(events, Some(timeout)) {
-            Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
-            _ => Ok(()),
-        }
+        self.0.wait(events, Some(timeout)).map(drop)
     }
 }
 

@@ -41,6 +41,16 @@ use crate::error::{Error, Result};
 /// well under a second per worker at loopback speeds.
 pub const TURN_BYTES: usize = 4 << 20;
 
+/// Keys pack a slot's generation above its index (`key`): 64 bits.
+const _: () = assert!(
+    usize::BITS == 64,
+    "the workers' poller keys need a 64-bit usize"
+);
+
+/// Once the poller has failed a wait, a worker waits at most this long, so
+/// its inbox is still seen should the poller's notifications stop.
+const WAIT_AFTER_ERROR: Duration = Duration::from_millis(10);
+
 /// Events one wait returns at most.
 const MAX_EVENTS: NonZeroUsize = NonZeroUsize::new(256).expect("not zero");
 
@@ -214,9 +224,12 @@ impl Shared {
     }
 
     fn signal(&self) {
-        if !self.signalled.swap(true, Ordering::AcqRel) {
-            // Fails only when the kernel refuses to write an eventfd; the
-            // worker then sees the inbox at its next wait (a timer, a socket).
+        // SeqCst, as the poller's own flag behind `notify`: the two flags
+        // are ordered alike on every side.
+        if !self.signalled.swap(true, Ordering::SeqCst) {
+            // The poller does not report a failed eventfd write; should one
+            // fail, the worker still looks at the inbox within
+            // WAIT_AFTER_ERROR (see `Worker::run`).
             let _ = self.poller.notify();
         }
     }
@@ -340,7 +353,7 @@ struct Slot {
     task: Option<Box<dyn Task>>,
     id: u64,
     waker: Waker,
-    /// Bumped whenever the slot is reused; epoll tokens carry it.
+    /// Bumped whenever the slot is reused; poller keys carry it.
     generation: u32,
     /// What the fd is registered for; `None` while out of the poller.
     registered: Option<Interest>,
@@ -393,19 +406,35 @@ impl Worker {
             }
         }
         let mut events = Events::with_capacity(MAX_EVENTS);
+        let mut failing = false;
         loop {
             self.round += 1;
-            let timeout = if self.next.is_empty() {
+            let mut timeout = if self.next.is_empty() {
                 self.timeout()
             } else {
                 Some(Duration::ZERO)
             };
+            if failing {
+                timeout = Some(timeout.map_or(WAIT_AFTER_ERROR, |t| t.min(WAIT_AFTER_ERROR)));
+            }
             events.clear();
-            // An error (none that epoll_wait can give a valid poller) is a
-            // round without socket events: timers and the inbox still run.
-            let _ = self.shared.poller.wait(&mut events, timeout);
+            if let Err(e) = self.shared.poller.wait(&mut events, timeout) {
+                // Not seen on a valid poller (its timerfd, epoll and eventfd
+                // calls fail only on bad descriptors). Said once; the worker
+                // goes on with timers and its inbox, and never spins.
+                if !failing {
+                    crate::logline::server(format!(
+                        "data worker: waiting for sockets failed: {e}; \
+                         waking every {} ms from now on",
+                        WAIT_AFTER_ERROR.as_millis()
+                    ));
+                }
+                failing = true;
+                events.clear();
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let mut batch = std::mem::take(&mut self.next);
-            if self.shared.signalled.load(Ordering::Acquire) {
+            if self.shared.signalled.load(Ordering::SeqCst) {
                 self.inbox(&mut batch);
             }
             for ev in events.iter() {
@@ -418,14 +447,19 @@ impl Worker {
         }
     }
 
-    /// How long until the next timer; `None` without one.
+    /// How long until the next timer, rounded up to the millisecond (the
+    /// timers due within one millisecond share one wake-up, as paced streams'
+    /// slots do by the thousand); `None` without one.
     fn timeout(&mut self) -> Option<Duration> {
         while let Some(Reverse((t, slot, generation))) = self.timers.peek().copied() {
             if !self.timer_is_live(t, slot, generation) {
                 self.timers.pop();
                 continue;
             }
-            return Some(t.saturating_duration_since(Instant::now()));
+            let left = t.saturating_duration_since(Instant::now());
+            return Some(Duration::from_millis(
+                left.as_micros().div_ceil(1000).min(u64::MAX as u128) as u64,
+            ));
         }
         None
     }
@@ -453,7 +487,7 @@ impl Worker {
     fn inbox(&mut self, batch: &mut Vec<(usize, u32)>) {
         // Cleared before the inbox is taken: a message sent after this
         // signals again, so none is left behind.
-        self.shared.signalled.store(false, Ordering::Release);
+        self.shared.signalled.store(false, Ordering::SeqCst);
         let messages =
             std::mem::take(&mut *self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner()));
         for m in messages {
@@ -552,14 +586,18 @@ impl Worker {
             return;
         }
         let event = |on: Interest| Event::new(key(slot, s.generation), on.read, on.write);
-        // SAFETY: the task owns the fd and keeps it open while it is in the
-        // poller: `remove` takes it out before the task is dropped.
-        let fd_now = unsafe { BorrowedFd::borrow_raw(fd) };
+        // SAFETY (all three): the task owns the fd and keeps it open while it
+        // is in the poller; `remove` takes it out before the task is dropped.
+        // A task without a socket (fd -1) is refused by the kernel, not here.
+        let fd_now = || (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) });
+        let refused = || std::io::Error::from_raw_os_error(libc::EBADF);
         let r = match (s.registered, want) {
-            // SAFETY: as above, deleted before the fd closes.
             (None, Some(on)) => unsafe { poller.add_with_mode(fd, event(on), PollMode::Level) },
-            (Some(_), Some(on)) => poller.modify_with_mode(fd_now, event(on), PollMode::Level),
-            (Some(_), None) => poller.delete(fd_now),
+            (Some(_), Some(on)) => fd_now().map_or_else(
+                || Err(refused()),
+                |fd| poller.modify_with_mode(fd, event(on), PollMode::Level),
+            ),
+            (Some(_), None) => fd_now().map_or_else(|| Err(refused()), |fd| poller.delete(fd)),
             (None, None) => Ok(()),
         };
         match r {
