@@ -22,7 +22,7 @@ use super::{CHUNK_SIZE, DIRECT_ALIGN};
 
 /// A heap buffer of `capacity` bytes aligned to [`DIRECT_ALIGN`], with a
 /// fill length.
-pub struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
     len: usize,
@@ -37,7 +37,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         let cap = cap.max(DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
         let layout = Layout::from_size_align(cap, DIRECT_ALIGN).expect("valid buffer layout");
         // SAFETY: layout has a non-zero size.
@@ -68,43 +68,39 @@ impl AlignedBuf {
             .collect()
     }
 
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.cap
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn set_len(&mut self, len: usize) {
+    pub(crate) fn set_len(&mut self, len: usize) {
         assert!(len <= self.cap, "length beyond capacity");
         self.len = len;
     }
 
     /// The filled part.
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for cap >= len initialized (zeroed) bytes.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The first `n` bytes, whatever the fill length (`n` <= capacity).
-    pub fn head(&self, n: usize) -> &[u8] {
+    pub(crate) fn head(&self, n: usize) -> &[u8] {
         assert!(n <= self.cap, "length beyond capacity");
         // SAFETY: ptr is valid for cap >= n initialized (zeroed) bytes.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), n) }
     }
 
     /// Start of the allocation (for IO the kernel does on our behalf).
-    pub fn as_ptr(&self) -> *const u8 {
+    pub(crate) fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
 
     /// The whole capacity, to fill.
-    pub fn as_mut_full(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_full(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for cap initialized bytes, uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
     }
@@ -193,7 +189,7 @@ impl Drop for Region {
 /// (IO threads); `take` never blocks and wakes the data worker's stream
 /// when a buffer comes back; `close` wakes every waiter with `None` so a
 /// failed pipeline unwinds.
-pub struct BufferPool {
+pub(crate) struct BufferPool {
     state: Mutex<(Vec<AlignedBuf>, bool)>,
     ready: Condvar,
     waiting: WaitList,
@@ -201,7 +197,7 @@ pub struct BufferPool {
 }
 
 /// What [`BufferPool::take`] got.
-pub enum Take {
+pub(crate) enum Take {
     Buf(AlignedBuf),
     /// None free: the waker runs when one is put back.
     Later,
@@ -209,7 +205,7 @@ pub enum Take {
 }
 
 impl BufferPool {
-    pub fn new(count: usize) -> Self {
+    pub(crate) fn new(count: usize) -> Self {
         let count = count.max(1);
         let bufs = AlignedBuf::carve(count, CHUNK_SIZE as usize);
         BufferPool {
@@ -221,11 +217,11 @@ impl BufferPool {
     }
 
     /// Buffers the pool was created with.
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.total
     }
 
-    pub fn get(&self) -> Option<AlignedBuf> {
+    pub(crate) fn get(&self) -> Option<AlignedBuf> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if st.1 {
@@ -240,7 +236,7 @@ impl BufferPool {
     }
 
     /// A buffer if one is free; otherwise `waker` runs when one is put back.
-    pub fn take(&self, waker: &Waker) -> Take {
+    pub(crate) fn take(&self, waker: &Waker) -> Take {
         {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if st.1 {
@@ -256,7 +252,7 @@ impl BufferPool {
         Take::Later
     }
 
-    pub fn put(&self, buf: AlignedBuf) {
+    pub(crate) fn put(&self, buf: AlignedBuf) {
         {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             st.0.push(buf);
@@ -265,7 +261,7 @@ impl BufferPool {
         self.waiting.wake_one();
     }
 
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             st.1 = true;

@@ -21,7 +21,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use super::CHUNK_SIZE;
 
 /// Hash of one chunk's bytes.
-pub fn chunk_hash(data: &[u8]) -> u64 {
+pub(crate) fn chunk_hash(data: &[u8]) -> u64 {
     xxh3_64(data)
 }
 
@@ -31,7 +31,7 @@ fn zeros() -> &'static [u8] {
 }
 
 /// Hash of a chunk of `len` zero bytes (`len <= CHUNK_SIZE`).
-pub fn zero_chunk_hash(len: u64) -> u64 {
+pub(crate) fn zero_chunk_hash(len: u64) -> u64 {
     static FULL: OnceLock<u64> = OnceLock::new();
     if len == CHUNK_SIZE {
         *FULL.get_or_init(|| xxh3_64(zeros()))
@@ -41,12 +41,12 @@ pub fn zero_chunk_hash(len: u64) -> u64 {
 }
 
 /// Length of chunk `index` of a file of `size` bytes.
-pub fn chunk_len(index: u64, size: u64) -> u64 {
+pub(crate) fn chunk_len(index: u64, size: u64) -> u64 {
     size.saturating_sub(index * CHUNK_SIZE).min(CHUNK_SIZE)
 }
 
 /// Number of chunks of a file of `size` bytes.
-pub fn chunk_count(size: u64) -> u64 {
+pub(crate) fn chunk_count(size: u64) -> u64 {
     size.div_ceil(CHUNK_SIZE)
 }
 
@@ -64,7 +64,7 @@ const FEW_RUNS: usize = 4;
 /// bytes. The checksum is the same: xxh3 over the hashes' bytes, however
 /// they are split.
 #[derive(Clone)]
-pub struct FileDigest {
+pub(crate) struct FileDigest {
     state: Fold,
 }
 
@@ -90,12 +90,12 @@ impl Default for FileDigest {
 }
 
 impl FileDigest {
-    pub fn push(&mut self, chunk_hash: u64) {
+    pub(crate) fn push(&mut self, chunk_hash: u64) {
         self.push_repeated(chunk_hash, 1);
     }
 
     /// `push(chunk_hash)` `n` times.
-    pub fn push_repeated(&mut self, chunk_hash: u64, n: u64) {
+    pub(crate) fn push_repeated(&mut self, chunk_hash: u64, n: u64) {
         if n == 0 {
             return;
         }
@@ -121,7 +121,7 @@ impl FileDigest {
         }
     }
 
-    pub fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         match &self.state {
             Fold::Runs { runs, len } => {
                 let mut hasher = Xxh3::new();
@@ -152,7 +152,8 @@ fn fold(hasher: &mut Xxh3, hash: u64, n: u64) {
 }
 
 /// The checksum of a whole buffer, as if it were a file (tests, tools).
-pub fn checksum_bytes(data: &[u8]) -> u64 {
+#[cfg(test)]
+pub(crate) fn checksum_bytes(data: &[u8]) -> u64 {
     let mut d = FileDigest::default();
     for chunk in data.chunks(CHUNK_SIZE as usize) {
         d.push(chunk_hash(chunk));
@@ -167,7 +168,7 @@ enum Parked {
 }
 
 /// Receiver-side digest that accepts chunk hashes in any order.
-pub struct OrderedDigest {
+pub(crate) struct OrderedDigest {
     size: u64,
     next: u64,
     parked: BTreeMap<u64, Parked>,
@@ -177,7 +178,7 @@ pub struct OrderedDigest {
 impl OrderedDigest {
     /// A digest of a `size`-byte file whose first `prefix` chunks are
     /// already folded into `digest`.
-    pub fn resume(size: u64, prefix: u64, digest: FileDigest) -> Self {
+    pub(crate) fn resume(size: u64, prefix: u64, digest: FileDigest) -> Self {
         OrderedDigest {
             size,
             next: prefix,
@@ -186,13 +187,13 @@ impl OrderedDigest {
         }
     }
 
-    pub fn new(size: u64) -> Self {
+    pub(crate) fn new(size: u64) -> Self {
         Self::resume(size, 0, FileDigest::default())
     }
 
     /// Chunk `index` holds data hashing to `hash`. Chunks before the
     /// verified prefix are ignored (a duplicate after resume).
-    pub fn data(&mut self, index: u64, hash: u64) {
+    pub(crate) fn data(&mut self, index: u64, hash: u64) {
         if index >= self.next {
             self.parked.insert(index, Parked::Data(hash));
             self.advance();
@@ -200,7 +201,7 @@ impl OrderedDigest {
     }
 
     /// Chunks `first .. first + count` are all zeros (a hole).
-    pub fn zeros(&mut self, first: u64, count: u64) {
+    pub(crate) fn zeros(&mut self, first: u64, count: u64) {
         let end = first + count;
         if end > self.next && count > 0 {
             let first = first.max(self.next);
@@ -237,7 +238,7 @@ impl OrderedDigest {
     /// Some chunk of `first .. end` is folded in or waiting: a frame for it
     /// would be a second one (parked runs never overlap, as long as every
     /// frame is checked with this first).
-    pub fn holds_any(&self, first: u64, end: u64) -> bool {
+    pub(crate) fn holds_any(&self, first: u64, end: u64) -> bool {
         if first >= end {
             return false;
         }
@@ -255,28 +256,28 @@ impl OrderedDigest {
 
     /// Chunk hashes and zero runs waiting for an earlier chunk: the memory
     /// out-of-order arrivals hold (the receiver bounds it per session).
-    pub fn parked(&self) -> usize {
+    pub(crate) fn parked(&self) -> usize {
         self.parked.len()
     }
 
     /// Bytes from the start of the file whose hashes are folded in.
-    pub fn verified_offset(&self) -> u64 {
+    pub(crate) fn verified_offset(&self) -> u64 {
         (self.next * CHUNK_SIZE).min(self.size)
     }
 
     /// Every chunk is folded in.
-    pub fn complete(&self) -> bool {
+    pub(crate) fn complete(&self) -> bool {
         self.next >= chunk_count(self.size)
     }
 
-    pub fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         self.digest.finish()
     }
 }
 
 /// First data offset at or after `offset`, `None` if only a hole follows.
 /// File systems without SEEK_DATA report everything as data.
-pub fn next_data(file: &File, offset: u64) -> io::Result<Option<u64>> {
+pub(crate) fn next_data(file: &File, offset: u64) -> io::Result<Option<u64>> {
     // SAFETY: lseek on a valid descriptor has no memory effects.
     let r = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, libc::SEEK_DATA) };
     if r >= 0 {
@@ -294,7 +295,7 @@ pub fn next_data(file: &File, offset: u64) -> io::Result<Option<u64>> {
 /// read. A short read is EOF for a regular file, and stopping there matters
 /// for O_DIRECT, where retrying at the unaligned offset after a short tail
 /// would fail with EINVAL instead of returning 0.
-pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     loop {
         match file.read_at(buf, offset) {
             Ok(n) => return Ok(n),
@@ -308,7 +309,7 @@ pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
 /// holes when `sparse`; `buf` must hold a chunk (aligned if `file` is
 /// O_DIRECT). Returns the bytes actually read, or `UnexpectedEof` when the
 /// file is shorter than `size`.
-pub fn hash_prefix(
+pub(crate) fn hash_prefix(
     file: &File,
     size: u64,
     chunks: u64,

@@ -26,9 +26,9 @@ use crate::error::{Error, Result};
 
 /// A destination file: its directory's (st_dev, st_ino) and its name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClaimKey {
-    pub dir: (u64, u64),
-    pub name: String,
+pub(crate) struct ClaimKey {
+    pub(crate) dir: (u64, u64),
+    pub(crate) name: String,
 }
 
 /// Who holds a claim, for the refusal message.
@@ -55,14 +55,14 @@ pub struct Claimant {
 
 /// The claims one session holds; released on drop (the session ended).
 #[derive(Debug)]
-pub struct ClaimSet {
+pub(crate) struct ClaimSet {
     claims: Arc<Claims>,
     keys: Vec<ClaimKey>,
 }
 
 impl Claimant {
     /// An empty set for this session.
-    pub fn start(&self) -> ClaimSet {
+    pub(crate) fn start(&self) -> ClaimSet {
         ClaimSet {
             claims: self.claims.clone(),
             keys: Vec::new(),
@@ -70,7 +70,11 @@ impl Claimant {
     }
 
     /// Claims `key` into `set`, or says which live session holds it.
-    pub fn claim(&self, set: &mut ClaimSet, key: ClaimKey) -> std::result::Result<(), String> {
+    pub(crate) fn claim(
+        &self,
+        set: &mut ClaimSet,
+        key: ClaimKey,
+    ) -> std::result::Result<(), String> {
         let mut held = self.claims.held.lock().unwrap_or_else(|e| e.into_inner());
         match held.get(&key) {
             Some(h) if h.session != self.session => Err(format!(

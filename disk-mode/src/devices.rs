@@ -21,15 +21,15 @@ use crate::datapath::DeviceCounters;
 
 /// One device group and its live counters.
 #[derive(Debug)]
-pub struct DeviceGroup {
-    pub device: String,
-    pub controller: String,
-    pub read_bytes: AtomicU64,
-    pub written_bytes: AtomicU64,
+pub(crate) struct DeviceGroup {
+    pub(crate) device: String,
+    pub(crate) controller: String,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) written_bytes: AtomicU64,
 }
 
 impl DeviceGroup {
-    pub fn new(device: String, controller: String) -> Self {
+    pub(crate) fn new(device: String, controller: String) -> Self {
         DeviceGroup {
             device,
             controller,
@@ -38,15 +38,15 @@ impl DeviceGroup {
         }
     }
 
-    pub fn add_read(&self, n: u64) {
+    pub(crate) fn add_read(&self, n: u64) {
         self.read_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn add_written(&self, n: u64) {
+    pub(crate) fn add_written(&self, n: u64) {
         self.written_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> DeviceIo {
+    pub(crate) fn snapshot(&self) -> DeviceIo {
         DeviceIo {
             device: self.device.clone(),
             controller: self.controller.clone(),
@@ -63,7 +63,7 @@ impl DeviceCounters for DeviceGroup {
 }
 
 /// The controller id of a placement.
-pub fn controller_of(p: &Placement) -> String {
+pub(crate) fn controller_of(p: &Placement) -> String {
     let mut ids: Vec<&str> = p
         .whole_disks
         .iter()
@@ -80,7 +80,7 @@ pub fn controller_of(p: &Placement) -> String {
 
 /// Maps st_dev values to device groups, looking each up once.
 #[derive(Debug)]
-pub struct DeviceMap {
+pub(crate) struct DeviceMap {
     sysfs: PathBuf,
     groups: Vec<Arc<DeviceGroup>>,
     by_dev: HashMap<u64, usize>,
@@ -88,7 +88,7 @@ pub struct DeviceMap {
 }
 
 impl DeviceMap {
-    pub fn new(sysfs: &Path) -> Self {
+    pub(crate) fn new(sysfs: &Path) -> Self {
         DeviceMap {
             sysfs: sysfs.to_path_buf(),
             groups: Vec::new(),
@@ -98,7 +98,7 @@ impl DeviceMap {
     }
 
     /// Index of the group that `st_dev` belongs to.
-    pub fn group_of(&mut self, dev: u64) -> usize {
+    pub(crate) fn group_of(&mut self, dev: u64) -> usize {
         if let Some(&i) = self.by_dev.get(&dev) {
             return i;
         }
@@ -123,17 +123,17 @@ impl DeviceMap {
         i
     }
 
-    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+    pub(crate) fn groups(&self) -> &[Arc<DeviceGroup>] {
         &self.groups
     }
 
-    pub fn group(&self, i: usize) -> &Arc<DeviceGroup> {
+    pub(crate) fn group(&self, i: usize) -> &Arc<DeviceGroup> {
         &self.groups[i]
     }
 }
 
 /// Counters of every group, for the stats API and the final JSON.
-pub fn snapshot(groups: &[Arc<DeviceGroup>]) -> Vec<DeviceIo> {
+pub(crate) fn snapshot(groups: &[Arc<DeviceGroup>]) -> Vec<DeviceIo> {
     groups.iter().map(|g| g.snapshot()).collect()
 }
 

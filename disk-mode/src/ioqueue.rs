@@ -28,11 +28,11 @@ use super::buffer::AlignedBuf;
 
 /// Operations each IO thread keeps in flight: enough that the device has
 /// the next requests queued while one completes, also across small files.
-pub const DEPTH: usize = 4;
+pub(crate) const DEPTH: usize = 4;
 
 /// Which backend an [`IoQueue`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Uring,
     Threads,
 }
@@ -40,7 +40,7 @@ pub enum Backend {
 impl Backend {
     /// `LONGHAUL_DISK_IO` (`uring`, `threads`); default io_uring where the
     /// kernel lets us set up a ring.
-    pub fn from_env() -> Backend {
+    pub(crate) fn from_env() -> Backend {
         match std::env::var("LONGHAUL_DISK_IO").as_deref() {
             Ok("threads") => Backend::Threads,
             _ => Backend::Uring,
@@ -49,27 +49,27 @@ impl Backend {
 }
 
 /// One operation: the whole of `len` bytes of the buffer at `offset`.
-pub struct Op<T> {
-    pub file: Arc<File>,
-    pub offset: u64,
-    pub buf: AlignedBuf,
+pub(crate) struct Op<T> {
+    pub(crate) file: Arc<File>,
+    pub(crate) offset: u64,
+    pub(crate) buf: AlignedBuf,
     /// Bytes to transfer (from the buffer's start).
-    pub len: usize,
+    pub(crate) len: usize,
     /// Reads only: end of file after this many bytes is a success (an
     /// O_DIRECT read asks for a whole aligned buffer; the file may end
     /// before). Writes: equal to `len`.
-    pub need: usize,
-    pub write: bool,
+    pub(crate) need: usize,
+    pub(crate) write: bool,
     /// The caller's note, handed back with the result.
-    pub tag: T,
+    pub(crate) tag: T,
 }
 
 /// A finished operation: the caller's note, its buffer, and the bytes
 /// transferred (at least `need`) or the error.
 pub struct Done<T> {
-    pub tag: T,
-    pub buf: AlignedBuf,
-    pub result: io::Result<usize>,
+    pub(crate) tag: T,
+    pub(crate) buf: AlignedBuf,
+    pub(crate) result: io::Result<usize>,
 }
 
 struct InFlight<T> {
@@ -79,7 +79,7 @@ struct InFlight<T> {
 }
 
 /// Reads and writes in flight, up to a depth.
-pub struct IoQueue<T> {
+pub(crate) struct IoQueue<T> {
     depth: usize,
     kind: Kind<T>,
 }
@@ -112,7 +112,7 @@ const KICK_KEY: u64 = 0;
 /// Ends an [`IoQueue::wait`] from another thread (work arrived for the IO
 /// thread that waits there).
 #[derive(Clone)]
-pub struct Kicker(KickerKind);
+pub(crate) struct Kicker(KickerKind);
 
 #[derive(Clone)]
 enum KickerKind {
@@ -121,7 +121,7 @@ enum KickerKind {
 }
 
 impl Kicker {
-    pub fn kick(&self) {
+    pub(crate) fn kick(&self) {
         match &self.0 {
             KickerKind::EventFd(fd) => {
                 let one: u64 = 1;
@@ -136,7 +136,7 @@ impl Kicker {
 impl<T: Send + 'static> IoQueue<T> {
     /// A queue of `depth` operations on `backend`, falling back to threads
     /// when no ring can be set up.
-    pub fn new(depth: usize, backend: Backend) -> IoQueue<T> {
+    pub(crate) fn new(depth: usize, backend: Backend) -> IoQueue<T> {
         let depth = depth.max(1);
         if backend == Backend::Uring {
             if let Ok(ring) = io_uring::IoUring::new((depth * 2).next_power_of_two() as u32) {
@@ -185,7 +185,7 @@ impl<T: Send + 'static> IoQueue<T> {
 
     /// A handle that ends this queue's [`IoQueue::wait`] from another
     /// thread. From then on `wait` also blocks with nothing in flight.
-    pub fn kicker(&mut self) -> io::Result<Kicker> {
+    pub(crate) fn kicker(&mut self) -> io::Result<Kicker> {
         match &mut self.kind {
             Kind::Uring { ring, kick, .. } => {
                 if kick.is_none() {
@@ -219,14 +219,7 @@ impl<T: Send + 'static> IoQueue<T> {
         }
     }
 
-    pub fn backend(&self) -> Backend {
-        match self.kind {
-            Kind::Uring { .. } => Backend::Uring,
-            Kind::Threads { .. } => Backend::Threads,
-        }
-    }
-
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         match &self.kind {
             Kind::Uring { ops, .. } => ops.len(),
             Kind::Threads { in_flight, .. } => *in_flight,
@@ -234,12 +227,12 @@ impl<T: Send + 'static> IoQueue<T> {
     }
 
     /// Whether the queue holds its depth of operations.
-    pub fn full(&self) -> bool {
+    pub(crate) fn full(&self) -> bool {
         self.in_flight() >= self.depth
     }
 
     /// Starts `op` (the caller keeps the queue at most [`IoQueue::full`]).
-    pub fn submit(&mut self, op: Op<T>) {
+    pub(crate) fn submit(&mut self, op: Op<T>) {
         let f = InFlight { op, done: 0 };
         match &mut self.kind {
             Kind::Uring {
@@ -267,7 +260,7 @@ impl<T: Send + 'static> IoQueue<T> {
     /// Waits up to `timeout` (`None`: until one completes) for at least one
     /// operation to finish and returns every finished one. Empty when
     /// nothing is in flight or the time ran out.
-    pub fn wait(&mut self, timeout: Option<Duration>) -> Vec<Done<T>> {
+    pub(crate) fn wait(&mut self, timeout: Option<Duration>) -> Vec<Done<T>> {
         let mut out = Vec::new();
         let kickable = match &self.kind {
             Kind::Uring { kick, .. } => kick.is_some(),
@@ -369,7 +362,7 @@ impl<T: Send + 'static> IoQueue<T> {
     }
 
     /// Waits for everything in flight (kicks are ignored).
-    pub fn drain(&mut self) -> Vec<Done<T>> {
+    pub(crate) fn drain(&mut self) -> Vec<Done<T>> {
         let mut out = Vec::new();
         while self.in_flight() > 0 {
             out.extend(self.wait(None));

@@ -30,19 +30,29 @@
 //! Memory stays flat whatever the tree size: every block lives in a buffer
 //! from a fixed-size [`buffer::BufferPool`], and every queue is bounded.
 
-pub mod buffer;
-pub mod checksum;
-pub mod claims;
-pub mod devices;
-pub mod ioqueue;
-pub mod partial;
-pub mod plane;
-pub mod reader;
-pub mod safepath;
-pub mod source;
-pub mod walk;
-pub mod wire;
-pub mod writer;
+mod buffer;
+mod checksum;
+mod claims;
+mod devices;
+mod ioqueue;
+mod partial;
+mod plane;
+mod reader;
+mod safepath;
+mod source;
+mod walk;
+mod wire;
+mod writer;
+
+// What the ends (`longhaul-engine`) use: the planes of both ends, the root
+// claims a server holds, the options; and for the decoders' tests, the
+// control messages and the block frames' header.
+pub use claims::{Claimant, Claims, RootLock};
+pub use plane::{
+    decode_disk_message, server_plane, DiskMessage, ReceiverPlane, SenderPlane,
+    MAX_IO_WORKERS_PER_DEVICE,
+};
+pub use wire::{read_header, FrameHeader, ManifestEntry, Plan, FRAME_HEADER_LEN, FRAME_MAGIC};
 
 #[cfg(test)]
 mod roundtrip_tests;
@@ -60,7 +70,7 @@ use std::path::PathBuf;
 /// enough that per-block overhead (a 40-byte header, one queue hop, one
 /// syscall) is noise, small enough that 8 streams x a few blocks in flight
 /// stay far under the 256 MiB RSS budget. Part of the wire format.
-pub const CHUNK_SIZE: u64 = 1 << 20;
+pub(crate) const CHUNK_SIZE: u64 = 1 << 20;
 
 /// Largest file a receiver takes (1 PiB); a bigger manifest entry is
 /// refused by name. Manifest sizes come from the peer, and a sparse entry
@@ -71,10 +81,10 @@ pub const CHUNK_SIZE: u64 = 1 << 20;
 /// largest files of data-movement campaigns (disk images, experiment runs,
 /// database dumps) are a few TiB. XFS, btrfs and ZFS allow 8-16 EiB, so this
 /// is a policy, not a file system limit.
-pub const MAX_FILE_SIZE: u64 = 1 << 50;
+pub(crate) const MAX_FILE_SIZE: u64 = 1 << 50;
 
 /// Alignment of buffers, offsets and lengths for O_DIRECT.
-pub const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// Options shared by both ends of a disk transfer.
 #[derive(Debug, Clone)]
@@ -113,7 +123,7 @@ impl Default for DiskOptions {
 
 /// What went wrong with one file or path; the message names it.
 #[derive(Debug, thiserror::Error)]
-pub enum DiskError {
+pub(crate) enum DiskError {
     #[error("disk full (No space left on device) writing {path}")]
     DiskFull { path: String },
     #[error("checksum mismatch for {path}")]
@@ -138,7 +148,7 @@ pub enum DiskError {
 
 impl DiskError {
     /// Classify an IO error on `path` into the variant that names its cause.
-    pub fn from_io(path: impl Into<String>, err: io::Error) -> DiskError {
+    pub(crate) fn from_io(path: impl Into<String>, err: io::Error) -> DiskError {
         let path = path.into();
         match err.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => DiskError::DiskFull { path },
@@ -150,7 +160,7 @@ impl DiskError {
 
 impl DiskError {
     /// Short stable name of the cause, carried in reports.
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             DiskError::DiskFull { .. } => "disk_full",
             DiskError::ChecksumMismatch { .. } => "checksum",
@@ -165,4 +175,4 @@ impl DiskError {
 }
 
 /// Result type of this module.
-pub type Result<T, E = DiskError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = DiskError> = std::result::Result<T, E>;

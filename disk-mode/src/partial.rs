@@ -43,7 +43,7 @@ fn hidden(name: &str, suffix: &str) -> String {
 /// manifest (a file named like another's temporary file would be
 /// truncated, renamed or deleted by that file's writer), and the walk skips
 /// them: they are what an unfinished transfer left behind.
-pub fn is_internal(name: &str) -> bool {
+pub(crate) fn is_internal(name: &str) -> bool {
     name.starts_with('.')
         && [PART_SUFFIX, STATE_SUFFIX].iter().any(|suffix| {
             name.ends_with(suffix)
@@ -54,28 +54,28 @@ pub fn is_internal(name: &str) -> bool {
 }
 
 /// Temporary name of `name` while it is being written.
-pub fn part_name(name: &str) -> String {
+pub(crate) fn part_name(name: &str) -> String {
     hidden(name, PART_SUFFIX)
 }
 
 /// Name of the resume sidecar of `name`.
-pub fn state_name(name: &str) -> String {
+pub(crate) fn state_name(name: &str) -> String {
     hidden(name, STATE_SUFFIX)
 }
 
 /// Contents of the sidecar.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PartState {
-    pub size: u64,
-    pub mtime_sec: i64,
-    pub mtime_nsec: u32,
-    pub chunk_size: u64,
+pub(crate) struct PartState {
+    pub(crate) size: u64,
+    pub(crate) mtime_sec: i64,
+    pub(crate) mtime_nsec: u32,
+    pub(crate) chunk_size: u64,
     /// Bytes from the start that were written and hashed.
-    pub verified: u64,
+    pub(crate) verified: u64,
 }
 
 impl PartState {
-    pub fn for_entry(e: &ManifestEntry, verified: u64) -> Self {
+    pub(crate) fn for_entry(e: &ManifestEntry, verified: u64) -> Self {
         PartState {
             size: e.size,
             mtime_sec: e.mtime_sec,
@@ -101,7 +101,7 @@ fn state_tmp_name(name: &str) -> String {
 }
 
 /// Write the sidecar of `name` atomically (temp + rename).
-pub fn save_state(dir: &Dir, name: &str, st: &PartState) -> io::Result<()> {
+pub(crate) fn save_state(dir: &Dir, name: &str, st: &PartState) -> io::Result<()> {
     let tmp = state_tmp_name(name);
     let mut f = dir.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
     f.write_all(
@@ -114,7 +114,7 @@ pub fn save_state(dir: &Dir, name: &str, st: &PartState) -> io::Result<()> {
 }
 
 /// The sidecar of `name`, if there is a readable one.
-pub fn load_state(dir: &Dir, name: &str) -> Option<PartState> {
+pub(crate) fn load_state(dir: &Dir, name: &str) -> Option<PartState> {
     let f = dir.open_file(&state_name(name), libc::O_RDONLY, 0).ok()?;
     let mut text = String::new();
     f.take(MAX_STATE_BYTES).read_to_string(&mut text).ok()?;
@@ -123,20 +123,20 @@ pub fn load_state(dir: &Dir, name: &str) -> Option<PartState> {
 
 /// Remove the sidecar of `name`, and the half-written one a run killed in
 /// the middle of a save leaves behind.
-pub fn remove_state(dir: &Dir, name: &str) -> io::Result<()> {
+pub(crate) fn remove_state(dir: &Dir, name: &str) -> io::Result<()> {
     dir.unlink(&state_tmp_name(name))?;
     dir.unlink(&state_name(name))
 }
 
 /// Remove the temporary file and sidecar of `name`.
-pub fn discard(dir: &Dir, name: &str) -> io::Result<()> {
+pub(crate) fn discard(dir: &Dir, name: &str) -> io::Result<()> {
     dir.unlink(&part_name(name))?;
     remove_state(dir, name)
 }
 
 /// What the receiver has of one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Have {
+pub(crate) enum Have {
     /// The final file is there: same size and mtime, or, when the sender
     /// sent a checksum (`--checksum`), same size and content.
     Complete {
@@ -151,7 +151,7 @@ pub enum Have {
 /// the entry (`--checksum`) a final file of the right size is read and
 /// hashed, and skipped only if it hashes the same; its mode and mtime are
 /// then set to the sender's, so the next quick check agrees.
-pub fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<Have> {
+pub(crate) fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<Have> {
     if let Some(st) = dir.stat(name)? {
         let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
         let same_size = regular && st.st_size as u64 == entry.size;
@@ -204,7 +204,7 @@ pub fn what_we_have(dir: &Dir, name: &str, entry: &ManifestEntry) -> io::Result<
 
 /// The file checksum ([`super::checksum`]) of a `size`-byte file's
 /// content, holes hashed without reading them.
-pub fn content_checksum(file: &std::fs::File, size: u64) -> io::Result<u64> {
+pub(crate) fn content_checksum(file: &std::fs::File, size: u64) -> io::Result<u64> {
     let mut buf = vec![0u8; CHUNK_SIZE as usize];
     let mut digest = FileDigest::default();
     hash_prefix(file, size, chunk_count(size), true, &mut buf, &mut digest)?;

@@ -61,12 +61,12 @@ use super::{DiskError, DiskOptions, CHUNK_SIZE};
 
 /// Target size of one ModeData message: half the control frame limit, so
 /// even an entry with a 4 KiB path never overflows a frame.
-pub const MESSAGE_BUDGET: usize = crate::frame::MAX_FRAME_LEN / 2;
+pub(crate) const MESSAGE_BUDGET: usize = crate::frame::MAX_FRAME_LEN / 2;
 
 /// Most manifest entries a server accepts in one session. The manifest is
 /// held in memory (~250 bytes an entry), so this bounds what one client can
 /// make the server allocate.
-pub const MAX_MANIFEST_ENTRIES: u64 = 4 << 20;
+pub(crate) const MAX_MANIFEST_ENTRIES: u64 = 4 << 20;
 
 /// Failed files named one by one in the server log; the rest are counted.
 const LOGGED_FAILURES: usize = 5;
@@ -76,32 +76,32 @@ pub const MAX_IO_WORKERS_PER_DEVICE: u32 = 64;
 
 /// `SessionRequest::mode_params` of a disk session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DiskParams {
+pub(crate) struct DiskParams {
     /// `--dest`, relative to the server's `--root`.
-    pub dest: String,
-    pub resume: bool,
-    pub io_workers_per_device: u32,
-    pub direct: bool,
+    pub(crate) dest: String,
+    pub(crate) resume: bool,
+    pub(crate) io_workers_per_device: u32,
+    pub(crate) direct: bool,
     /// Number of manifest entries that follow.
-    pub entries: u64,
-    pub chunk_size: u64,
+    pub(crate) entries: u64,
+    pub(crate) chunk_size: u64,
     /// `--checksum`: manifest entries carry checksums; skips compare content.
     #[serde(default)]
-    pub checksum: bool,
+    pub(crate) checksum: bool,
 }
 
 /// `SessionRequest::mode_params` of a pull: a disk session in direction
 /// `receive`, the server sending.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PullParams {
+pub(crate) struct PullParams {
     /// What to send, relative to the server's `--root`; each lands under
     /// its last component, like `send`'s PATHs.
-    pub paths: Vec<String>,
+    pub(crate) paths: Vec<String>,
     /// `--checksum`: the server hashes every file before the session so the
     /// client compares what it already has by content.
-    pub checksum: bool,
-    pub io_workers_per_device: u32,
-    pub direct: bool,
+    pub(crate) checksum: bool,
+    pub(crate) io_workers_per_device: u32,
+    pub(crate) direct: bool,
 }
 
 /// Disk-mode control messages, carried as `ModeData`.
@@ -126,12 +126,17 @@ pub enum DiskMessage {
 
 /// How often an end that checks files says so: a few times within the
 /// handshake timeout its peer gives each message.
-pub const WORKING_EVERY: Duration = Duration::from_millis(HANDSHAKE_TIMEOUT.as_millis() as u64 / 4);
+pub(crate) const WORKING_EVERY: Duration =
+    Duration::from_millis(HANDSHAKE_TIMEOUT.as_millis() as u64 / 4);
 
 /// Runs `work` while a thread tells the peer every `every` that we are
 /// working; returns `work`'s result once the thread stopped writing, so
 /// the caller's next message cannot interleave with a `Working`.
-pub fn keep_alive<T>(conn: &Connection, every: Duration, work: impl FnOnce() -> T) -> Result<T> {
+pub(crate) fn keep_alive<T>(
+    conn: &Connection,
+    every: Duration,
+    work: impl FnOnce() -> T,
+) -> Result<T> {
     let mut socket = conn
         .socket()
         .try_clone()
@@ -161,7 +166,7 @@ pub fn keep_alive<T>(conn: &Connection, every: Duration, work: impl FnOnce() -> 
 }
 
 /// The library error for a file-level failure.
-pub fn to_error(e: DiskError) -> Error {
+pub(crate) fn to_error(e: DiskError) -> Error {
     match e {
         DiskError::DiskFull { .. } => Error::DiskFull(e.to_string()),
         DiskError::ChecksumMismatch { .. } => Error::ChecksumMismatch(e.to_string()),
@@ -299,13 +304,13 @@ impl SenderPlane {
     }
 
     /// For `SessionRequest::mode_params`.
-    pub fn params(&self) -> Value {
+    pub(crate) fn params(&self) -> Value {
         serde_json::to_value(&self.params).unwrap_or(Value::Null)
     }
 
     /// Send the manifest (a pull announces it with an `Offer` first), read
     /// the plan, start the readers.
-    pub fn negotiate(&self, conn: &mut Connection, announce: bool) -> Result<()> {
+    pub(crate) fn negotiate(&self, conn: &mut Connection, announce: bool) -> Result<()> {
         let src = lock(&self.source)
             .take()
             .ok_or_else(|| Error::Protocol("disk negotiation ran twice".into()))?;
@@ -325,10 +330,6 @@ impl SenderPlane {
         *lock(&self.refused) = refused;
         let _ = self.pipeline.set(pipeline);
         Ok(())
-    }
-
-    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
-        &self.groups
     }
 }
 
@@ -505,7 +506,7 @@ pub struct ReceiverPlane {
 }
 
 impl ReceiverPlane {
-    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+    pub(crate) fn groups(&self) -> &[Arc<DeviceGroup>] {
         self.pipeline.get().map(|p| p.groups()).unwrap_or(&[])
     }
 
@@ -839,7 +840,7 @@ fn failures_of(v: Option<&Value>, side: &str) -> Vec<FileFailure> {
 }
 
 /// Every failed file of the session, sender's first, one per file.
-pub fn all_failures(local: Option<&Value>, remote: Option<&Value>) -> Vec<FileFailure> {
+pub(crate) fn all_failures(local: Option<&Value>, remote: Option<&Value>) -> Vec<FileFailure> {
     let mut out = failures_of(local, "sender");
     for f in failures_of(remote, "receiver") {
         if !out.iter().any(|o| o.id == f.id) {
@@ -851,7 +852,7 @@ pub fn all_failures(local: Option<&Value>, remote: Option<&Value>) -> Vec<FileFa
 
 /// The `files` and `devices` fields of the client's final JSON, from the
 /// sender's summary (`local`) and the receiver's (`remote`).
-pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Value) {
+pub(crate) fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Value) {
     let report: DiskReport = remote
         .and_then(|v| v.get("receiver"))
         .and_then(|r| serde_json::from_value(r.clone()).ok())
@@ -910,7 +911,7 @@ pub fn final_fields(local: Option<&Value>, remote: Option<&Value>) -> (Value, Va
 }
 
 /// Extra lines of the human summary: files and per-device IO.
-pub fn human_lines(files: &Value, devices: &Value) -> String {
+pub(crate) fn human_lines(files: &Value, devices: &Value) -> String {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let skipped = match (n(&files["skipped"]), n(&files["skipped_unverified"])) {
         (0, _) => "0".to_string(),
@@ -945,7 +946,7 @@ pub fn human_lines(files: &Value, devices: &Value) -> String {
 
 /// Fail the session when any file failed, naming every one (the first
 /// failure's cause picks the error kind: disk full, checksum mismatch, ...).
-pub fn check(local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
+pub(crate) fn check(local: Option<&Value>, remote: Option<&Value>) -> Result<()> {
     let failures = all_failures(local, remote);
     let Some(first) = failures.first() else {
         return Ok(());

@@ -45,27 +45,27 @@ use crate::workers::{WaitList, Waker};
 
 /// One file to read.
 #[derive(Debug, Clone)]
-pub struct SendItem {
-    pub id: u32,
+pub(crate) struct SendItem {
+    pub(crate) id: u32,
     /// Relative path, for messages.
-    pub rel: String,
-    pub src: SourcePath,
-    pub size: u64,
-    pub mtime: (i64, u32),
+    pub(crate) rel: String,
+    pub(crate) src: SourcePath,
+    pub(crate) size: u64,
+    pub(crate) mtime: (i64, u32),
     /// st_ino the walk saw: a file put in its place since then is not the
     /// file listed. (Not st_dev too: on overlayfs before Linux 4.19 an
     /// open file reports the lower file system's device, its path the
     /// overlay's.)
-    pub ino: u64,
-    pub sparse: bool,
+    pub(crate) ino: u64,
+    pub(crate) sparse: bool,
     /// Index of its device group.
-    pub group: usize,
+    pub(crate) group: usize,
     /// Resume offset: the receiver verified everything before it.
-    pub from: u64,
+    pub(crate) from: u64,
 }
 
 /// What a stream gets from the queue.
-pub enum Next {
+pub(crate) enum Next {
     Block(Block),
     /// Nothing yet; the stream's waker runs when a block arrives.
     Later,
@@ -86,7 +86,7 @@ struct Sending {
 }
 
 /// The running sender pipeline; share it (Arc) with every data stream.
-pub struct SendPipeline {
+pub(crate) struct SendPipeline {
     queue: Mutex<Queue>,
     /// Readers wait here while the queue is full.
     space: Condvar,
@@ -109,16 +109,16 @@ pub struct SendPipeline {
 /// A stream with nothing to carry (readers hashing a long resumed prefix,
 /// a slow disk) sends a keep-alive this often, well inside the engine's
 /// 30 s data idle timeout.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Reads each reader keeps in flight ([`super::ioqueue::DEPTH`]).
-pub const READ_DEPTH: usize = super::ioqueue::DEPTH;
+pub(crate) const READ_DEPTH: usize = super::ioqueue::DEPTH;
 
 /// Warn once per process that O_DIRECT was refused.
 static DIRECT_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// Open `src` for reading, O_DIRECT if asked and the file system allows.
-pub fn open_source(src: &SourcePath, direct: bool, follow: bool) -> io::Result<File> {
+pub(crate) fn open_source(src: &SourcePath, direct: bool, follow: bool) -> io::Result<File> {
     if direct {
         match src.open(libc::O_DIRECT, follow) {
             Ok(f) => return Ok(f),
@@ -148,7 +148,7 @@ pub fn open_source(src: &SourcePath, direct: bool, follow: bool) -> io::Result<F
 /// sending, so on a long path only this many streams refill their sockets
 /// at once: 128 buffers keep 128 streams with 2 MB windows going, about
 /// 22 Gb/s at 93 ms, more with larger windows.
-pub const STREAM_BUFFERS_MAX: usize = 128;
+pub(crate) const STREAM_BUFFERS_MAX: usize = 128;
 
 /// Pool size: two blocks per stream in flight (at most
 /// [`STREAM_BUFFERS_MAX`]) plus, per IO worker, two queued and its IO depth
@@ -157,13 +157,13 @@ pub const STREAM_BUFFERS_MAX: usize = 128;
 /// always has its depth's worth, and every other buffer is either a block a
 /// stream is sending or receiving whole, or a write in flight, so each comes
 /// back.
-pub fn pool_buffers(streams: usize, workers: usize) -> usize {
+pub(crate) fn pool_buffers(streams: usize, workers: usize) -> usize {
     (2 * streams).min(STREAM_BUFFERS_MAX) + (2 + READ_DEPTH) * workers + 2
 }
 
 impl SendPipeline {
     /// Start reader workers for `items` (already in manifest order).
-    pub fn start(
+    pub(crate) fn start(
         items: Vec<SendItem>,
         groups: Vec<Arc<DeviceGroup>>,
         opts: &DiskOptions,
@@ -223,7 +223,7 @@ impl SendPipeline {
     }
 
     /// The next block for a stream (see [`Next`]).
-    pub fn next(&self, waker: &Waker) -> Next {
+    pub(crate) fn next(&self, waker: &Waker) -> Next {
         let mut q = lock(&self.queue);
         if let Some(b) = q.blocks.pop_front() {
             drop(q);
@@ -282,7 +282,7 @@ impl SendPipeline {
     }
 
     /// The `Stage` a block is sent as, hashing data on the way.
-    pub fn frame(&self, block: Block) -> FrameOut {
+    pub(crate) fn frame(&self, block: Block) -> FrameOut {
         match block {
             Block::Data {
                 file, offset, buf, ..
@@ -317,7 +317,7 @@ impl SendPipeline {
 
     /// A frame went out whole: its buffer goes back to the pool, a file's
     /// `End` counts the file as sent.
-    pub fn sent(&self, frame: FrameOut) {
+    pub(crate) fn sent(&self, frame: FrameOut) {
         if frame.header().kind == FrameKind::End {
             self.files_sent.fetch_add(1, Ordering::Relaxed);
         }
@@ -328,7 +328,7 @@ impl SendPipeline {
 
     /// Stop reading: readers finish their current reads and exit, waiting
     /// streams wake up.
-    pub fn abort(&self) {
+    pub(crate) fn abort(&self) {
         self.aborted.store(true, Ordering::Relaxed);
         self.pool.close();
         lock(&self.queue).blocks.clear();
@@ -337,7 +337,7 @@ impl SendPipeline {
     }
 
     /// Wait for the readers; returns the files that failed on this side.
-    pub fn finish(&self) -> Vec<FileFailure> {
+    pub(crate) fn finish(&self) -> Vec<FileFailure> {
         let handles: Vec<_> = std::mem::take(&mut *lock(&self.workers));
         for h in handles {
             let _ = h.join();
@@ -345,17 +345,13 @@ impl SendPipeline {
         lock(&self.failures).clone()
     }
 
-    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
-        &self.groups
-    }
-
     /// Files and payload bytes this pipeline sends in all.
-    pub fn totals(&self) -> (u64, u64) {
+    pub(crate) fn totals(&self) -> (u64, u64) {
         (self.files_total, self.bytes_total)
     }
 
     /// Files whose every frame went out on a stream.
-    pub fn files_sent(&self) -> u64 {
+    pub(crate) fn files_sent(&self) -> u64 {
         self.files_sent.load(Ordering::Relaxed)
     }
 }
@@ -366,7 +362,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One data stream's side of the pipeline: frames out of the queue onto a
 /// non-blocking socket, paced, with keep-alives while the queue is empty.
-pub struct Feed {
+pub(crate) struct Feed {
     pipeline: Arc<SendPipeline>,
     out: Option<FrameOut>,
     last_write: Instant,
@@ -375,7 +371,7 @@ pub struct Feed {
 }
 
 impl Feed {
-    pub fn new(pipeline: Arc<SendPipeline>) -> Feed {
+    pub(crate) fn new(pipeline: Arc<SendPipeline>) -> Feed {
         Feed {
             pipeline,
             out: None,
@@ -386,7 +382,11 @@ impl Feed {
 
     /// One turn; `Done` once `EndOfStream` went out. An error (the socket
     /// failed, the session stopped) aborts the whole pipeline.
-    pub fn send(&mut self, io: &StreamIo<'_>, budget: &mut SendBudget) -> io::Result<Progress> {
+    pub(crate) fn send(
+        &mut self,
+        io: &StreamIo<'_>,
+        budget: &mut SendBudget,
+    ) -> io::Result<Progress> {
         let r = self.turn(io, budget);
         if r.is_err() {
             self.pipeline.abort();

@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use super::{DiskError, Result};
 
 /// Longest wire path accepted (PATH_MAX).
-pub const MAX_PATH_BYTES: usize = 4096;
+pub(crate) const MAX_PATH_BYTES: usize = 4096;
 
 /// Split a wire path into its components, refusing anything that could
 /// leave the root.
-pub fn components(rel: &str) -> Result<Vec<&str>> {
+pub(crate) fn components(rel: &str) -> Result<Vec<&str>> {
     let refuse = |reason: &str| DiskError::Refused {
         path: rel.escape_debug().to_string(),
         reason: reason.into(),
@@ -54,7 +54,7 @@ pub fn components(rel: &str) -> Result<Vec<&str>> {
 
 /// Join a validated `--dest` (may be empty or ".") and a validated relative
 /// path into one wire path.
-pub fn join(dest: &str, rel: &str) -> String {
+pub(crate) fn join(dest: &str, rel: &str) -> String {
     let dest = dest.trim_end_matches('/');
     if dest.is_empty() || dest == "." {
         rel.to_string()
@@ -64,7 +64,7 @@ pub fn join(dest: &str, rel: &str) -> String {
 }
 
 /// Validate `--dest`: empty or "." mean the root itself.
-pub fn validate_dest(dest: &str) -> Result<()> {
+pub(crate) fn validate_dest(dest: &str) -> Result<()> {
     let d = dest.trim_end_matches('/');
     if d.is_empty() || d == "." {
         return Ok(());
@@ -85,13 +85,13 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// The server's root directory, held open.
-pub struct Root {
+pub(crate) struct Root {
     fd: OwnedFd,
     path: PathBuf,
 }
 
 impl Root {
-    pub fn open(path: &Path) -> Result<Root> {
+    pub(crate) fn open(path: &Path) -> Result<Root> {
         let f = File::open(path).map_err(|e| DiskError::from_io(path.display().to_string(), e))?;
         if !f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             return Err(DiskError::Io {
@@ -105,14 +105,14 @@ impl Root {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Open the existing file `rel` beneath the root with `flags` (plus
     /// O_NOFOLLOW and O_CLOEXEC), passing no symlink on the way: a
     /// directory swapped for a symlink fails the open, it is not followed.
-    pub fn open_beneath(&self, rel: &str, flags: libc::c_int) -> io::Result<File> {
+    pub(crate) fn open_beneath(&self, rel: &str, flags: libc::c_int) -> io::Result<File> {
         let (dir, name) = self.parent_of(rel, false).map_err(|e| match e {
             DiskError::Io { source, .. } => source,
             other => io::Error::other(other.to_string()),
@@ -127,7 +127,7 @@ impl Root {
 
     /// Whether `rel` beneath the root still exists, reached without
     /// passing a symlink (a final symlink counts as there).
-    pub fn exists_beneath(&self, rel: &str) -> bool {
+    pub(crate) fn exists_beneath(&self, rel: &str) -> bool {
         self.parent_of(rel, false)
             .is_ok_and(|(d, name)| matches!(d.stat(name), Ok(Some(_))))
     }
@@ -135,7 +135,7 @@ impl Root {
     /// The directory that holds the wire path `rel`, reached without
     /// passing a symlink (with `create`, made where missing), and `rel`'s
     /// last component.
-    pub fn parent_of<'r>(&self, rel: &'r str, create: bool) -> Result<(Dir, &'r str)> {
+    pub(crate) fn parent_of<'r>(&self, rel: &'r str, create: bool) -> Result<(Dir, &'r str)> {
         let comps = components(rel)?;
         let (name, parent) = comps.split_last().expect("components are never empty");
         Ok((self.open_dir(parent, create, rel)?, name))
@@ -143,7 +143,7 @@ impl Root {
 
     /// Open (and with `create`, make) the directory `comps` beneath the
     /// root; `rel` names it in errors.
-    pub fn open_dir(&self, comps: &[&str], create: bool, rel: &str) -> Result<Dir> {
+    pub(crate) fn open_dir(&self, comps: &[&str], create: bool, rel: &str) -> Result<Dir> {
         let mut cur = Dir {
             fd: self
                 .fd
@@ -165,12 +165,12 @@ impl std::fmt::Debug for Root {
 
 /// An open directory beneath the root; all operations are relative to it
 /// and never follow a symlink in the final component.
-pub struct Dir {
+pub(crate) struct Dir {
     fd: OwnedFd,
 }
 
 impl Dir {
-    pub fn into_fd(self) -> OwnedFd {
+    pub(crate) fn into_fd(self) -> OwnedFd {
         self.fd
     }
 
@@ -223,7 +223,7 @@ impl Dir {
 
     /// (st_dev, st_ino) of the directory: which directory it is, however
     /// it was reached.
-    pub fn identity(&self) -> io::Result<(u64, u64)> {
+    pub(crate) fn identity(&self) -> io::Result<(u64, u64)> {
         // SAFETY: zeroed stat is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid fd and out pointer.
@@ -232,7 +232,7 @@ impl Dir {
     }
 
     /// st_dev of the directory: the device its files land on.
-    pub fn dev(&self) -> io::Result<u64> {
+    pub(crate) fn dev(&self) -> io::Result<u64> {
         // SAFETY: zeroed stat is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid fd and out pointer.
@@ -241,7 +241,7 @@ impl Dir {
     }
 
     /// lstat of `name` in this directory; `None` if it does not exist.
-    pub fn stat(&self, name: &str) -> io::Result<Option<libc::stat>> {
+    pub(crate) fn stat(&self, name: &str) -> io::Result<Option<libc::stat>> {
         let c = cstr(name)?;
         // SAFETY: zeroed stat is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -266,7 +266,7 @@ impl Dir {
 
     /// Open `name` with `flags | O_NOFOLLOW | O_CLOEXEC` (and `mode` when
     /// creating).
-    pub fn open_file(&self, name: &str, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    pub(crate) fn open_file(&self, name: &str, flags: libc::c_int, mode: u32) -> io::Result<File> {
         let c = cstr(name)?;
         let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         // SAFETY: valid dirfd and name.
@@ -277,7 +277,7 @@ impl Dir {
         Ok(unsafe { File::from_raw_fd(r) })
     }
 
-    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+    pub(crate) fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         let (a, b) = (cstr(from)?, cstr(to)?);
         // SAFETY: valid dirfds and names.
         cvt(unsafe {
@@ -292,7 +292,7 @@ impl Dir {
     }
 
     /// Remove file `name`; a missing file is not an error.
-    pub fn unlink(&self, name: &str) -> io::Result<()> {
+    pub(crate) fn unlink(&self, name: &str) -> io::Result<()> {
         let c = cstr(name)?;
         // SAFETY: valid dirfd and name.
         let r = unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) };
@@ -306,7 +306,7 @@ impl Dir {
     }
 
     /// Set mode and mtime of the directory itself.
-    pub fn set_meta(&self, mode: u32, mtime: (i64, u32)) -> io::Result<()> {
+    pub(crate) fn set_meta(&self, mode: u32, mtime: (i64, u32)) -> io::Result<()> {
         // SAFETY: valid fd.
         cvt(unsafe { libc::fchmod(self.fd.as_raw_fd(), mode as libc::mode_t) })?;
         set_mtime_fd(self.fd.as_raw_fd(), mtime)
@@ -314,7 +314,7 @@ impl Dir {
 }
 
 /// futimens with atime = mtime = `mtime` (seconds, nanoseconds).
-pub fn set_mtime_fd(fd: libc::c_int, mtime: (i64, u32)) -> io::Result<()> {
+pub(crate) fn set_mtime_fd(fd: libc::c_int, mtime: (i64, u32)) -> io::Result<()> {
     let ts = libc::timespec {
         tv_sec: mtime.0 as libc::time_t,
         tv_nsec: mtime.1 as libc::c_long,

@@ -3,20 +3,19 @@
 //! receiver's [`Plan`] is in, start the readers for what it still needs.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::devices::{DeviceGroup, DeviceMap};
 use super::reader::{SendItem, SendPipeline};
-use super::walk::{walk, Kind, SourcePath, Walk};
+use super::walk::{Kind, SourcePath, Walk};
 use super::wire::{FileFailure, Manifest, ManifestEntry, Plan};
 use super::{DiskOptions, Result, CHUNK_SIZE};
 
 /// Everything the sender knows before the receiver answers.
-pub struct SourceSet {
-    pub manifest: Manifest,
+pub(crate) struct SourceSet {
+    pub(crate) manifest: Manifest,
     /// Things skipped while walking (symlinks, special files).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     items: Vec<SendItem>,
     groups: Vec<Arc<DeviceGroup>>,
 }
@@ -31,14 +30,19 @@ fn pre_hash(src: &SourcePath, size: u64, follow: bool) -> Result<u64> {
 
 impl SourceSet {
     /// Walk `paths` for a transfer into `dest` on the receiver.
-    pub fn build(paths: &[PathBuf], dest: &str, opts: &DiskOptions) -> Result<SourceSet> {
+    #[cfg(test)]
+    pub(crate) fn build(
+        paths: &[std::path::PathBuf],
+        dest: &str,
+        opts: &DiskOptions,
+    ) -> Result<SourceSet> {
         super::safepath::validate_dest(dest)?;
-        SourceSet::from_walk(walk(paths, opts.follow_symlinks)?, dest, opts)
+        SourceSet::from_walk(super::walk::walk(paths, opts.follow_symlinks)?, dest, opts)
     }
 
     /// The same from a walk already made (a pull's, beneath the server's
     /// root).
-    pub fn from_walk(w: Walk, dest: &str, opts: &DiskOptions) -> Result<SourceSet> {
+    pub(crate) fn from_walk(w: Walk, dest: &str, opts: &DiskOptions) -> Result<SourceSet> {
         super::safepath::validate_dest(dest)?;
         let mut map = DeviceMap::new(&opts.sysfs);
         let mut entries = Vec::with_capacity(w.entries.len());
@@ -93,21 +97,17 @@ impl SourceSet {
         })
     }
 
-    /// Files and their total size in the manifest.
-    pub fn totals(&self) -> (u64, u64) {
-        (
-            self.items.len() as u64,
-            self.items.iter().map(|i| i.size).sum(),
-        )
-    }
-
-    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+    pub(crate) fn groups(&self) -> &[Arc<DeviceGroup>] {
         &self.groups
     }
 
     /// Start reading what `plan` still needs. Returns the pipeline and the
     /// entries the receiver refused (as failures).
-    pub fn start(self, plan: &Plan, opts: &DiskOptions) -> (Arc<SendPipeline>, Vec<FileFailure>) {
+    pub(crate) fn start(
+        self,
+        plan: &Plan,
+        opts: &DiskOptions,
+    ) -> (Arc<SendPipeline>, Vec<FileFailure>) {
         let skip: HashSet<u32> = plan
             .skip
             .iter()

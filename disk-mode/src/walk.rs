@@ -28,14 +28,14 @@ use super::safepath::{self, Root};
 use super::{DiskError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     File,
     Dir,
 }
 
 /// Where a sender reads an entry from.
 #[derive(Debug, Clone)]
-pub enum SourcePath {
+pub(crate) enum SourcePath {
     /// A path on this host: the client's own `PATH...` arguments.
     Local(PathBuf),
     /// A path beneath the server's `--root` (a pull). It is opened one
@@ -47,7 +47,7 @@ pub enum SourcePath {
 
 impl SourcePath {
     /// The path, for messages.
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         match self {
             SourcePath::Local(p) => p.display().to_string(),
             SourcePath::Beneath { root, rel } => root.path().join(rel).display().to_string(),
@@ -60,7 +60,7 @@ impl SourcePath {
     /// regular file opens: the open does not block (O_NONBLOCK, cleared
     /// again before it is read) so a FIFO put in a listed file's place is
     /// refused at once instead of holding a reader until someone writes.
-    pub fn open(&self, flags: libc::c_int, follow: bool) -> io::Result<File> {
+    pub(crate) fn open(&self, flags: libc::c_int, follow: bool) -> io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
         let flags = flags | libc::O_NONBLOCK;
         let file = match self {
@@ -90,7 +90,7 @@ impl SourcePath {
 
     /// Whether it is still there (a local path through a final symlink
     /// with `follow`, as [`SourcePath::open`] went).
-    pub fn exists(&self, follow: bool) -> bool {
+    pub(crate) fn exists(&self, follow: bool) -> bool {
         match self {
             SourcePath::Local(p) if follow => p.exists(),
             SourcePath::Local(p) => p.symlink_metadata().is_ok(),
@@ -101,39 +101,35 @@ impl SourcePath {
 
 /// One file or directory to send.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// Path relative to the destination, '/'-separated, valid UTF-8.
-    pub rel: String,
+    pub(crate) rel: String,
     /// Where to read it on this host.
-    pub src: SourcePath,
-    pub kind: Kind,
-    pub size: u64,
+    pub(crate) src: SourcePath,
+    pub(crate) kind: Kind,
+    pub(crate) size: u64,
     /// Permission bits (07777).
-    pub mode: u32,
+    pub(crate) mode: u32,
     /// (seconds, nanoseconds) since the epoch.
-    pub mtime: (i64, u32),
+    pub(crate) mtime: (i64, u32),
     /// st_dev of the file, for device grouping.
-    pub dev: u64,
+    pub(crate) dev: u64,
     /// st_ino of the file: with `dev`, which file the walk saw, so a reader
     /// notices a file replaced under the same name.
-    pub ino: u64,
+    pub(crate) ino: u64,
     /// Fewer blocks allocated than the size needs: worth seeking for holes.
-    pub sparse: bool,
+    pub(crate) sparse: bool,
 }
 
 /// The walk's result: entries in send order, plus warnings for what was
 /// skipped.
 #[derive(Debug, Default)]
-pub struct Walk {
-    pub entries: Vec<Entry>,
-    pub warnings: Vec<String>,
+pub(crate) struct Walk {
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) warnings: Vec<String>,
 }
 
-impl Walk {
-    pub fn files(&self) -> impl Iterator<Item = &Entry> {
-        self.entries.iter().filter(|e| e.kind == Kind::File)
-    }
-}
+impl Walk {}
 
 fn io_err(path: impl std::fmt::Display, e: io::Error) -> DiskError {
     DiskError::from_io(path.to_string(), e)
@@ -288,7 +284,7 @@ impl SourcePath {
 }
 
 /// Walk `paths` (the client's own) into a manifest.
-pub fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
+pub(crate) fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
     let mut tops = Vec::with_capacity(paths.len());
     for p in paths {
         let c = CString::new(p.as_os_str().as_bytes()).map_err(|_| DiskError::Refused {
@@ -323,7 +319,7 @@ pub fn walk(paths: &[PathBuf], follow_symlinks: bool) -> Result<Walk> {
 /// every directory is opened from the root's descriptor one component at a
 /// time without following one, so no listing and no read leaves the root,
 /// whatever is renamed or replaced in the tree meanwhile.
-pub fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
+pub(crate) fn walk_beneath(root: &Path, rels: &[String]) -> Result<Walk> {
     let base = Arc::new(Root::open(root)?);
     let mut tops = Vec::with_capacity(rels.len());
     for rel in rels {

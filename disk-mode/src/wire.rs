@@ -27,58 +27,58 @@ use super::CHUNK_SIZE;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestEntry {
     /// Index in [`Manifest::entries`]; frames name files by it.
-    pub id: u32,
+    pub(crate) id: u32,
     /// Relative path below `--dest`, '/'-separated.
-    pub path: String,
-    pub dir: bool,
-    pub size: u64,
-    pub mode: u32,
-    pub mtime_sec: i64,
-    pub mtime_nsec: u32,
+    pub(crate) path: String,
+    pub(crate) dir: bool,
+    pub(crate) size: u64,
+    pub(crate) mode: u32,
+    pub(crate) mtime_sec: i64,
+    pub(crate) mtime_nsec: u32,
     /// The sender found holes; the receiver leaves holes unwritten.
-    pub sparse: bool,
+    pub(crate) sparse: bool,
     /// The sender's device group (informational).
-    pub device: String,
+    pub(crate) device: String,
     /// `--checksum`: the file's checksum, hashed before the session; the
     /// receiver skips the file only if its copy hashes the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checksum: Option<u64>,
+    pub(crate) checksum: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     /// `--dest`, relative to the server's `--root`.
-    pub dest: String,
+    pub(crate) dest: String,
     /// Skip complete files and continue partial ones.
-    pub resume: bool,
+    pub(crate) resume: bool,
     /// Must equal [`CHUNK_SIZE`]; a different value is a version mismatch.
-    pub chunk_size: u64,
-    pub entries: Vec<ManifestEntry>,
+    pub(crate) chunk_size: u64,
+    pub(crate) entries: Vec<ManifestEntry>,
 }
 
 /// The server's answer to a manifest. Files not listed are sent whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// Already complete on the server (same size and mtime).
-    pub skip: Vec<u32>,
+    pub(crate) skip: Vec<u32>,
     /// (file id, verified offset) of partial files to continue.
-    pub resume: Vec<(u32, u64)>,
+    pub(crate) resume: Vec<(u32, u64)>,
     /// Refused entries (unsafe path, cannot create), with the cause.
-    pub refused: Vec<FileFailure>,
+    pub(crate) refused: Vec<FileFailure>,
 }
 
 /// One file that did not arrive intact.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileFailure {
-    pub id: u32,
-    pub path: String,
+pub(crate) struct FileFailure {
+    pub(crate) id: u32,
+    pub(crate) path: String,
     /// [`super::DiskError::code`] of the cause.
-    pub code: String,
-    pub error: String,
+    pub(crate) code: String,
+    pub(crate) error: String,
 }
 
 impl FileFailure {
-    pub fn new(id: u32, path: &str, err: &super::DiskError) -> Self {
+    pub(crate) fn new(id: u32, path: &str, err: &super::DiskError) -> Self {
         FileFailure {
             id,
             path: path.to_string(),
@@ -90,42 +90,42 @@ impl FileFailure {
 
 /// The server's summary after every data stream ended.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DiskReport {
+pub(crate) struct DiskReport {
     /// Files complete on the server: sent and verified in this session, plus
     /// the skipped ones.
-    pub files: u64,
+    pub(crate) files: u64,
     /// Their total size.
-    pub file_bytes: u64,
+    pub(crate) file_bytes: u64,
     /// Of `files`: skipped because the server had them already.
     #[serde(default)]
-    pub skipped: u64,
+    pub(crate) skipped: u64,
     #[serde(default)]
-    pub skipped_bytes: u64,
+    pub(crate) skipped_bytes: u64,
     /// Of `skipped`: skipped because their content hashed the same as the
     /// sender's (`--checksum`), not on size and mtime alone.
     #[serde(default)]
-    pub skipped_by_checksum: u64,
+    pub(crate) skipped_by_checksum: u64,
     #[serde(default)]
-    pub skipped_by_checksum_bytes: u64,
+    pub(crate) skipped_by_checksum_bytes: u64,
     /// Of `file_bytes`: the resumed prefixes of files completed in this
     /// session, which were not sent again (0 from an engine before it).
     #[serde(default)]
-    pub resumed_bytes: u64,
+    pub(crate) resumed_bytes: u64,
     /// Payload bytes written in this session.
-    pub written_bytes: u64,
-    pub failures: Vec<FileFailure>,
-    pub devices: Vec<DeviceIo>,
+    pub(crate) written_bytes: u64,
+    pub(crate) failures: Vec<FileFailure>,
+    pub(crate) devices: Vec<DeviceIo>,
 }
 
 /// Frame magic: "LHDB" — catches a stream that lost framing.
 pub const FRAME_MAGIC: u32 = 0x4244_484C;
 pub const FRAME_HEADER_LEN: usize = 32;
 /// Longest `Fail` message accepted.
-pub const MAX_FAIL_MESSAGE: u32 = 4096;
+pub(crate) const MAX_FAIL_MESSAGE: u32 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum FrameKind {
+pub(crate) enum FrameKind {
     /// `len` bytes of file `file` at `offset` (one chunk) follow.
     Data = 1,
     /// `value` bytes of zeros at `offset` (whole chunks, or to EOF).
@@ -145,7 +145,7 @@ pub enum FrameKind {
 /// sender's failure to read it. Each is one frame on the wire. `H` is what a
 /// chunk carries beside its bytes: nothing at the sender (`()`), its hash at
 /// the receiver (computed by the stream that received it, `u64`).
-pub enum Block<H = ()> {
+pub(crate) enum Block<H = ()> {
     Data {
         file: u32,
         offset: u64,
@@ -169,7 +169,7 @@ pub enum Block<H = ()> {
 
 impl<H> Block<H> {
     /// The file (its manifest id) the block belongs to.
-    pub fn file(&self) -> u32 {
+    pub(crate) fn file(&self) -> u32 {
         match self {
             Block::Data { file, .. }
             | Block::Hole { file, .. }
@@ -181,15 +181,15 @@ impl<H> Block<H> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
-    pub kind: FrameKind,
-    pub file: u32,
-    pub len: u32,
-    pub offset: u64,
-    pub value: u64,
+    pub(crate) kind: FrameKind,
+    pub(crate) file: u32,
+    pub(crate) len: u32,
+    pub(crate) offset: u64,
+    pub(crate) value: u64,
 }
 
 impl FrameHeader {
-    pub fn new(kind: FrameKind, file: u32) -> Self {
+    pub(crate) fn new(kind: FrameKind, file: u32) -> Self {
         FrameHeader {
             kind,
             file,
@@ -199,7 +199,7 @@ impl FrameHeader {
         }
     }
 
-    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+    pub(crate) fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
         let mut b = [0u8; FRAME_HEADER_LEN];
         b[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
         b[4] = self.kind as u8;
@@ -263,7 +263,8 @@ impl FrameHeader {
 }
 
 /// Write a header and its payload (blocking writers: tests, tools).
-pub fn write_frame<W: Write>(w: &mut W, h: &FrameHeader, payload: &[u8]) -> io::Result<()> {
+#[cfg(test)]
+pub(crate) fn write_frame<W: Write>(w: &mut W, h: &FrameHeader, payload: &[u8]) -> io::Result<()> {
     debug_assert_eq!(payload.len(), h.payload_len());
     w.write_all(&h.encode())?;
     w.write_all(payload)
@@ -276,7 +277,7 @@ enum PayloadOut {
 }
 
 /// A frame being written to a non-blocking socket, a piece at a time.
-pub struct FrameOut {
+pub(crate) struct FrameOut {
     header: FrameHeader,
     head: [u8; FRAME_HEADER_LEN],
     payload: PayloadOut,
@@ -286,7 +287,7 @@ pub struct FrameOut {
 
 /// How far [`FrameOut::write_to`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wrote {
+pub(crate) enum Wrote {
     /// The whole frame is out.
     Whole,
     /// All that was allowed went out; more of the frame is left.
@@ -297,7 +298,7 @@ pub enum Wrote {
 
 impl FrameOut {
     /// A frame with a small payload (or none).
-    pub fn new(header: FrameHeader, payload: Vec<u8>) -> FrameOut {
+    pub(crate) fn new(header: FrameHeader, payload: Vec<u8>) -> FrameOut {
         debug_assert_eq!(payload.len(), header.payload_len());
         FrameOut {
             head: header.encode(),
@@ -308,7 +309,7 @@ impl FrameOut {
     }
 
     /// A data frame whose payload is a pool buffer.
-    pub fn with_block(header: FrameHeader, buf: AlignedBuf) -> FrameOut {
+    pub(crate) fn with_block(header: FrameHeader, buf: AlignedBuf) -> FrameOut {
         debug_assert_eq!(buf.len(), header.payload_len());
         FrameOut {
             head: header.encode(),
@@ -318,7 +319,7 @@ impl FrameOut {
         }
     }
 
-    pub fn header(&self) -> &FrameHeader {
+    pub(crate) fn header(&self) -> &FrameHeader {
         &self.header
     }
 
@@ -330,12 +331,12 @@ impl FrameOut {
     }
 
     /// Payload bytes not written yet.
-    pub fn payload_left(&self) -> usize {
+    pub(crate) fn payload_left(&self) -> usize {
         self.payload().len() - self.written.saturating_sub(FRAME_HEADER_LEN)
     }
 
     /// The pool buffer, for the pool.
-    pub fn into_block(self) -> Option<AlignedBuf> {
+    pub(crate) fn into_block(self) -> Option<AlignedBuf> {
         match self.payload {
             PayloadOut::Block(b) => Some(b),
             PayloadOut::Bytes(_) => None,
@@ -344,7 +345,11 @@ impl FrameOut {
 
     /// One write of what is left, with at most `allowed` payload bytes (the
     /// pacer's share). Returns how far it got and the payload bytes written.
-    pub fn write_to(&mut self, sock: &TcpStream, allowed: usize) -> io::Result<(Wrote, usize)> {
+    pub(crate) fn write_to(
+        &mut self,
+        sock: &TcpStream,
+        allowed: usize,
+    ) -> io::Result<(Wrote, usize)> {
         let head = &self.head[self.written.min(FRAME_HEADER_LEN)..];
         let from = self.written.saturating_sub(FRAME_HEADER_LEN);
         let payload = self.payload();

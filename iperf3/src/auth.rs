@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine;
-use rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey};
-use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
-use rsa::{PrivateKey, PublicKey};
+use rsa::pkcs1::DecodeRsaPrivateKey;
+use rsa::pkcs8::DecodePrivateKey;
+use rsa::PrivateKey;
 use sha2::{Digest, Sha256};
 
 use longhaul_admission::AuthFailure;
@@ -47,11 +47,12 @@ pub const DEFAULT_SKEW: Duration = Duration::from_secs(10);
 const MAX_USERS_FILE: u64 = 1 << 20;
 
 /// Longest token we try to decode: a 16384-bit key's ciphertext in base64.
-pub const MAX_TOKEN_LEN: usize = 4096;
+pub(crate) const MAX_TOKEN_LEN: usize = 4096;
 
 /// How a token is padded (see the module documentation).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Padding {
+pub(crate) enum Padding {
     Pkcs1v15,
     OaepSha1,
 }
@@ -63,7 +64,7 @@ fn read_pem(path: &Path, what: &str) -> Result<String> {
 
 /// Loads an RSA private key from PEM (PKCS #8 `PRIVATE KEY` or PKCS #1
 /// `RSA PRIVATE KEY`, unencrypted), as `openssl genrsa` writes them.
-pub fn load_private_key(path: &Path) -> Result<PrivateKey> {
+pub(crate) fn load_private_key(path: &Path) -> Result<PrivateKey> {
     let pem = read_pem(path, "RSA private key")?;
     PrivateKey::from_pkcs8_pem(&pem)
         .or_else(|_| PrivateKey::from_pkcs1_pem(&pem))
@@ -75,21 +76,8 @@ pub fn load_private_key(path: &Path) -> Result<PrivateKey> {
         })
 }
 
-/// Loads an RSA public key from PEM (`PUBLIC KEY` or `RSA PUBLIC KEY`).
-pub fn load_public_key(path: &Path) -> Result<PublicKey> {
-    let pem = read_pem(path, "RSA public key")?;
-    PublicKey::from_public_key_pem(&pem)
-        .or_else(|_| PublicKey::from_pkcs1_pem(&pem))
-        .map_err(|e| {
-            Error::Usage(format!(
-                "{} is not an RSA public key in PEM: {e}",
-                path.display()
-            ))
-        })
-}
-
 /// The hash an authorized users file holds for a user's password.
-pub fn password_hash(user: &str, password: &str) -> String {
+pub(crate) fn password_hash(user: &str, password: &str) -> String {
     let digest = Sha256::digest(format!("{{{user}}}{password}").as_bytes());
     longhaul_core::auth::to_hex(&digest)
 }
@@ -107,22 +95,23 @@ fn listed(text: &str, user: &str, hash: &str) -> bool {
 /// credentials are a bad token; a token that is no proof, undecryptable or
 /// out of time, a bad proof) and the log's words.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denied {
-    pub kind: AuthFailure,
-    pub why: String,
+pub(crate) struct Denied {
+    pub(crate) kind: AuthFailure,
+    pub(crate) why: String,
 }
 
 /// Credentials from a decrypted token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub user: String,
-    pub password: String,
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
     /// Unix seconds the client put in.
-    pub timestamp: i64,
+    pub(crate) timestamp: i64,
 }
 
 /// The token's text.
-pub fn token_text(c: &Credentials) -> String {
+#[cfg(test)]
+pub(crate) fn token_text(c: &Credentials) -> String {
     format!(
         "user: {}\npwd:  {}\nts:   {}",
         c.user, c.password, c.timestamp
@@ -146,7 +135,12 @@ fn parse_token_text(text: &str) -> Option<Credentials> {
 }
 
 /// Encrypts credentials into a token for `key`, as an iperf3 client does.
-pub fn encode_token(c: &Credentials, key: &PublicKey, padding: Padding) -> Result<String> {
+#[cfg(test)]
+pub(crate) fn encode_token(
+    c: &Credentials,
+    key: &rsa::PublicKey,
+    padding: Padding,
+) -> Result<String> {
     let text = token_text(c);
     let sealed = match padding {
         Padding::Pkcs1v15 => key.pkcs1v15_encrypt(text.as_bytes()),
@@ -196,7 +190,7 @@ impl ServerAuth {
 
     /// The user a token proves, or what kind of failure it is and why it
     /// proves nothing (for the counters and the log).
-    pub fn check(&self, token: Option<&str>) -> std::result::Result<String, Denied> {
+    pub(crate) fn check(&self, token: Option<&str>) -> std::result::Result<String, Denied> {
         self.check_at(token, now_unix())
             .map_err(|(kind, why)| Denied { kind, why })
     }
@@ -289,7 +283,7 @@ mod tests {
     struct Fixture {
         dir: std::path::PathBuf,
         auth: ServerAuth,
-        public: PublicKey,
+        public: rsa::PublicKey,
     }
 
     impl Drop for Fixture {

@@ -304,7 +304,7 @@ fn connect(opts: &TestOptions, transport: Transport, p: &Params) -> Result<Conne
 /// Runs an iperf3 test over `transport` (TCP or UDP) against the server
 /// at `opts.to` and returns longhaul's final report; `watch`, if any,
 /// follows the data phase.
-pub fn run(
+pub fn run_client(
     opts: &TestOptions,
     transport: Transport,
     watch: Option<Watch<'_>>,

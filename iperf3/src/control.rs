@@ -15,11 +15,11 @@ use super::wire::{self, ErrorCode, State};
 
 /// Largest results block we read: 128 streams in each direction at ~200
 /// bytes each, plus a server's text output, with room to spare.
-pub const MAX_RESULTS_LEN: usize = 1 << 20;
+pub(crate) const MAX_RESULTS_LEN: usize = 1 << 20;
 
 /// What the reader heard from the peer.
 #[derive(Debug)]
-pub enum Heard {
+pub(crate) enum Heard {
     State(State),
     /// A byte that is no iperf3 state.
     Unknown(u8),
@@ -40,7 +40,7 @@ pub enum Heard {
 /// IPERF_DONE or CLIENT_TERMINATE, DISPLAY_RESULTS) and ends: nobody reads
 /// the events of a test that is closing, so a peer's further bytes must
 /// not pile up.
-pub fn spawn_reader(
+pub(crate) fn spawn_reader(
     stream: TcpStream,
     json_after: State,
     heard: Arc<dyn Fn(Heard) + Send + Sync>,
@@ -93,19 +93,19 @@ pub fn spawn_reader(
 }
 
 /// Writes a state byte.
-pub fn send_state(w: &mut &TcpStream, state: State) -> Result<()> {
+pub(crate) fn send_state(w: &mut &TcpStream, state: State) -> Result<()> {
     w.write_all(&[state.byte()])
         .map_err(|e| Error::io(format!("sending iperf3 state {state:?}"), e))
 }
 
 /// Writes `SERVER_ERROR` with an iperf3 error code (errno 0); failures are
 /// ignored, the peer may be gone already.
-pub fn send_server_error(w: &mut &TcpStream, code: ErrorCode) {
+pub(crate) fn send_server_error(w: &mut &TcpStream, code: ErrorCode) {
     let _ = w.write_all(&wire::server_error_bytes(code));
 }
 
 /// Writes a JSON block.
-pub fn send_json(w: &mut &TcpStream, value: &Value) -> Result<()> {
+pub(crate) fn send_json(w: &mut &TcpStream, value: &Value) -> Result<()> {
     wire::write_json(w, value).map_err(|e| Error::io("sending an iperf3 JSON block", e))
 }
 

@@ -20,15 +20,25 @@
 //! Nothing here was copied from iperf3; the protocol facts come from its
 //! documentation and from watching Debian's iperf3 3.12 on loopback.
 
-pub mod auth;
-pub mod client;
-pub mod control;
-pub mod params;
-pub mod results;
-pub mod server;
-pub mod streams;
-pub mod udp;
-pub mod wire;
+mod auth;
+mod client;
+mod control;
+mod params;
+mod results;
+mod server;
+mod streams;
+mod udp;
+mod wire;
+
+// What the ends (`longhaul-engine`) and the `longhaul` binary use: the
+// server and its options, the client and its test, the flags' limits.
+pub use auth::{ServerAuth, DEFAULT_SKEW};
+pub use client::{run_client, TestOptions};
+pub use params::{ServerLimits, Transport, MAX_TIME};
+pub use server::{
+    default_pending_per_source, default_tests_per_source, Iperf3Options, Iperf3Server,
+    DEFAULT_MAX_TESTS,
+};
 
 // The core's modules by their short names, as the engine's own modules
 // name them (`crate::stream`).

@@ -13,21 +13,21 @@ use crate::messages::{Direction, Mode, SessionRequest};
 use super::wire::ErrorCode;
 
 /// Streams per direction iperf3 allows (its MAX_STREAMS).
-pub const MAX_PARALLEL: u32 = 128;
+pub(crate) const MAX_PARALLEL: u32 = 128;
 /// Largest TCP block (`-l`) iperf3 allows: 1 MiB.
-pub const MAX_TCP_BLOCK: u64 = 1 << 20;
+pub(crate) const MAX_TCP_BLOCK: u64 = 1 << 20;
 /// Default TCP block of iperf3: 128 KiB.
-pub const DEFAULT_TCP_BLOCK: u64 = 128 << 10;
+pub(crate) const DEFAULT_TCP_BLOCK: u64 = 128 << 10;
 /// UDP datagram payload limits: the 16-byte header at least, what fits in
 /// one IPv4 datagram at most.
-pub const MIN_UDP_BLOCK: u64 = 16;
-pub const MAX_UDP_BLOCK: u64 = 65_535 - 8 - 20;
+pub(crate) const MIN_UDP_BLOCK: u64 = 16;
+pub(crate) const MAX_UDP_BLOCK: u64 = 65_535 - 8 - 20;
 /// Default UDP payload when the client names none (iperf3 sends one always).
-pub const DEFAULT_UDP_BLOCK: u64 = 1460;
+pub(crate) const DEFAULT_UDP_BLOCK: u64 = 1460;
 /// Largest socket buffer (`-w`) iperf3 allows: 512 MiB.
-pub const MAX_WINDOW: u64 = 512 << 20;
+pub(crate) const MAX_WINDOW: u64 = 512 << 20;
 /// Largest MSS (`-M`) iperf3 allows.
-pub const MAX_MSS: u64 = 9 * 1024;
+pub(crate) const MAX_MSS: u64 = 9 * 1024;
 /// iperf3's own longest test: a day.
 pub const MAX_TIME: u64 = 86_400;
 
@@ -41,53 +41,53 @@ pub enum Transport {
 
 /// The parameters of one test, as the client sends them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Params {
-    pub transport: Transport,
+pub(crate) struct Params {
+    pub(crate) transport: Transport,
     /// Seconds at the start that do not count (`-O`).
-    pub omit: u64,
+    pub(crate) omit: u64,
     /// Seconds of the test (`-t`); 0 with `-n`/`-k`, or for "forever".
-    pub time: u64,
+    pub(crate) time: u64,
     /// Bytes to send per direction (`-n`), 0 if not given.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// Blocks to send per direction (`-k`), 0 if not given.
-    pub blocks: u64,
+    pub(crate) blocks: u64,
     /// TCP_MAXSEG (`-M`), 0 if not given.
-    pub mss: u64,
-    pub nodelay: bool,
+    pub(crate) mss: u64,
+    pub(crate) nodelay: bool,
     /// Streams per direction (`-P`).
-    pub parallel: u32,
-    pub reverse: bool,
-    pub bidirectional: bool,
+    pub(crate) parallel: u32,
+    pub(crate) reverse: bool,
+    pub(crate) bidirectional: bool,
     /// SO_SNDBUF/SO_RCVBUF (`-w`), 0 for the kernel's autotuning.
-    pub window: u64,
+    pub(crate) window: u64,
     /// Block (TCP write) or datagram payload (UDP) size (`-l`), 0 if not given.
-    pub len: u64,
+    pub(crate) len: u64,
     /// Target rate per stream in bits/s (`-b`), 0 for unlimited.
-    pub bandwidth: u64,
+    pub(crate) bandwidth: u64,
     /// Socket pacing rate per stream in bits/s (`--fq-rate`).
-    pub fqrate: u64,
+    pub(crate) fqrate: u64,
     /// IP TOS / traffic class byte (`-S`).
-    pub tos: u64,
+    pub(crate) tos: u64,
     /// IPv6 flow label (`-L`).
-    pub flowlabel: u64,
+    pub(crate) flowlabel: u64,
     /// TCP congestion control (`-C`).
-    pub congestion: Option<String>,
+    pub(crate) congestion: Option<String>,
     /// The client wants the server's output in the results (`--get-server-output`).
-    pub get_server_output: bool,
+    pub(crate) get_server_output: bool,
     /// 64-bit UDP sequence numbers (`--udp-counters-64bit`).
-    pub udp_counters_64bit: bool,
+    pub(crate) udp_counters_64bit: bool,
     /// Don't-fragment on UDP (`--dont-fragment`).
-    pub dont_fragment: bool,
+    pub(crate) dont_fragment: bool,
     /// RSA-encrypted credentials (`--username`).
-    pub authtoken: Option<String>,
-    pub client_version: Option<String>,
+    pub(crate) authtoken: Option<String>,
+    pub(crate) client_version: Option<String>,
     /// iperf3's free text (`--extra-data`). `campaign=NAME run=NAME` in it
     /// names the campaign and run of the test ([`Params::run_names`]), as
     /// `longhaul send --protocol iperf3 --campaign NAME --run NAME` writes it.
-    pub extra_data: Option<String>,
+    pub(crate) extra_data: Option<String>,
     /// Keys we read but do not act on, for the log: `server_affinity`,
     /// `title`, `zerocopy`, ...
-    pub ignored: Vec<String>,
+    pub(crate) ignored: Vec<String>,
 }
 
 impl Default for Params {
@@ -152,7 +152,7 @@ impl Params {
     /// Reads a client's parameter block. iperf3 tests keys by presence
     /// (`"reverse": true`), and so do we; a number where a number belongs,
     /// else the block is refused naming the key.
-    pub fn from_json(v: &Value) -> Result<Params, String> {
+    pub(crate) fn from_json(v: &Value) -> Result<Params, String> {
         let obj = v
             .as_object()
             .ok_or_else(|| "the parameters are not a JSON object".to_string())?;
@@ -213,7 +213,7 @@ impl Params {
     }
 
     /// The block as an iperf3 3.12 client writes it.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut m = Map::new();
         match self.transport {
             Transport::Tcp => m.insert("tcp".into(), json!(true)),
@@ -275,7 +275,7 @@ impl Params {
     }
 
     /// The direction as the client sees it (engine terms).
-    pub fn direction(&self) -> Direction {
+    pub(crate) fn direction(&self) -> Direction {
         if self.bidirectional {
             Direction::Bidir
         } else if self.reverse {
@@ -286,7 +286,7 @@ impl Params {
     }
 
     /// The block size in use: `len`, or iperf3's default for the transport.
-    pub fn block(&self) -> u64 {
+    pub(crate) fn block(&self) -> u64 {
         match (self.len, self.transport) {
             (0, Transport::Udp) => DEFAULT_UDP_BLOCK,
             (0, _) => DEFAULT_TCP_BLOCK,
@@ -295,7 +295,7 @@ impl Params {
     }
 
     /// Bytes per direction the test ends at (`-n`, or `-k` blocks), if any.
-    pub fn byte_limit(&self) -> Option<u64> {
+    pub(crate) fn byte_limit(&self) -> Option<u64> {
         if self.bytes > 0 {
             Some(self.bytes)
         } else if self.blocks > 0 {
@@ -306,7 +306,7 @@ impl Params {
     }
 
     /// Total rate the client asks for, both directions, bits/s (0: unlimited).
-    pub fn requested_rate(&self) -> u64 {
+    pub(crate) fn requested_rate(&self) -> u64 {
         let directions = if self.bidirectional { 2 } else { 1 };
         self.bandwidth
             .saturating_mul(self.parallel as u64)
@@ -314,7 +314,7 @@ impl Params {
     }
 
     /// The `extra_data` that names a campaign and a run.
-    pub fn extra_data_of(campaign: Option<&str>, run: Option<&str>) -> Option<String> {
+    pub(crate) fn extra_data_of(campaign: Option<&str>, run: Option<&str>) -> Option<String> {
         let words: Vec<String> = [("campaign", campaign), ("run", run)]
             .into_iter()
             .filter_map(|(key, name)| name.map(|n| format!("{key}={n}")))
@@ -327,7 +327,7 @@ impl Params {
     /// ([`longhaul_stats_api::check_name`]); anything else in the text, or a
     /// name that is not plain, names nothing (iperf3's extra data is any
     /// client's free text; the test runs all the same).
-    pub fn run_names(&self) -> (Option<String>, Option<String>) {
+    pub(crate) fn run_names(&self) -> (Option<String>, Option<String>) {
         let (mut campaign, mut run) = (None, None);
         let Some(text) = self.extra_data.as_deref() else {
             return (None, None);
@@ -350,7 +350,7 @@ impl Params {
     /// bidirectional test's client-to-server streams first, as the engine
     /// numbers them. Used for roles and the `-n` split; the data phase's
     /// length is the iperf3 end's business.
-    pub fn shape(&self) -> SessionRequest {
+    pub(crate) fn shape(&self) -> SessionRequest {
         let (campaign, run) = self.run_names();
         SessionRequest {
             mode: Mode::Memory,
@@ -372,7 +372,7 @@ impl Params {
 
 /// The version we claim as a client: the iperf3 release whose behaviour we
 /// follow and test against.
-pub const CLIENT_VERSION: &str = "3.12";
+pub(crate) const CLIENT_VERSION: &str = "3.12";
 
 /// What a server allows an iperf3 test.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -385,9 +385,9 @@ pub struct ServerLimits {
 
 /// A refused test: what the client is told and what the log says.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Refusal {
-    pub code: ErrorCode,
-    pub why: String,
+pub(crate) struct Refusal {
+    pub(crate) code: ErrorCode,
+    pub(crate) why: String,
 }
 
 impl Refusal {
@@ -401,7 +401,7 @@ impl Refusal {
 
 impl Params {
     /// Whether the server runs this test, or which iperf3 error refuses it.
-    pub fn check(&self, limits: &ServerLimits) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, limits: &ServerLimits) -> Result<(), Refusal> {
         if self.transport == Transport::Sctp {
             return Err(Refusal::new(
                 ErrorCode::NoSctp,

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 /// iperf3's id of the stream at `index` (0-based connection order): the
 /// first is 1 and the others skip 2, as every iperf3 release numbers them.
-pub fn stream_id(index: u32) -> u32 {
+pub(crate) fn stream_id(index: u32) -> u32 {
     if index == 0 {
         1
     } else {
@@ -17,7 +17,7 @@ pub fn stream_id(index: u32) -> u32 {
 }
 
 /// The connection-order index of iperf3 stream `id`, if it names one.
-pub fn stream_index(id: u64) -> Option<u32> {
+pub(crate) fn stream_index(id: u64) -> Option<u32> {
     match id {
         1 => Some(0),
         0 | 2 => None,
@@ -27,7 +27,7 @@ pub fn stream_index(id: u64) -> Option<u32> {
 
 /// One stream's figures.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct StreamResult {
+pub(crate) struct StreamResult {
     /// iperf3's stream id.
     pub id: u32,
     /// Bytes this end sent (sending stream) or received (receiving stream),
@@ -36,32 +36,32 @@ pub struct StreamResult {
     /// TCP retransmits of a sending stream; -1 when not reported.
     pub retransmits: i64,
     /// UDP receiver: jitter in seconds.
-    pub jitter: f64,
+    pub(crate) jitter: f64,
     /// UDP receiver: datagrams lost; UDP sender: 0.
-    pub errors: i64,
+    pub(crate) errors: i64,
     /// UDP: datagrams sent (sender) or the highest sequence number seen
     /// (receiver).
-    pub packets: i64,
-    pub start_time: f64,
-    pub end_time: f64,
+    pub(crate) packets: i64,
+    pub(crate) start_time: f64,
+    pub(crate) end_time: f64,
 }
 
 /// One end's results block.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Results {
+pub(crate) struct Results {
     /// Process CPU, percent of one core over the test (iperf3's
     /// cpu_util_total, _user, _system).
-    pub cpu_util_total: f64,
-    pub cpu_util_user: f64,
-    pub cpu_util_system: f64,
+    pub(crate) cpu_util_total: f64,
+    pub(crate) cpu_util_user: f64,
+    pub(crate) cpu_util_system: f64,
     /// 1: this end sends and reports TCP retransmits; 0: sends without;
     /// -1: this end only receives.
-    pub sender_has_retransmits: i64,
-    pub congestion_used: Option<String>,
-    pub streams: Vec<StreamResult>,
+    pub(crate) sender_has_retransmits: i64,
+    pub(crate) congestion_used: Option<String>,
+    pub(crate) streams: Vec<StreamResult>,
     /// The server's own report, when the client asked for it
     /// (`--get-server-output`).
-    pub server_output_text: Option<String>,
+    pub(crate) server_output_text: Option<String>,
 }
 
 /// A number as iperf3's JSON reader takes it (integer or float). iperf3
@@ -83,7 +83,7 @@ fn int(v: &Value) -> Option<i64> {
 }
 
 impl Results {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut m = Map::new();
         m.insert("cpu_util_total".into(), json!(self.cpu_util_total));
         m.insert("cpu_util_user".into(), json!(self.cpu_util_user));
@@ -119,7 +119,7 @@ impl Results {
     }
 
     /// Reads a peer's block; the fields iperf3 requires must be there.
-    pub fn from_json(v: &Value) -> Result<Results, String> {
+    pub(crate) fn from_json(v: &Value) -> Result<Results, String> {
         let obj = v.as_object().ok_or("the results are not a JSON object")?;
         let float = |key: &str| -> Result<f64, String> {
             obj.get(key)
@@ -173,7 +173,7 @@ impl Results {
     }
 
     /// The entry of the stream at connection-order `index`, if present.
-    pub fn stream(&self, index: u32) -> Option<&StreamResult> {
+    pub(crate) fn stream(&self, index: u32) -> Option<&StreamResult> {
         let id = stream_id(index);
         self.streams.iter().find(|s| s.id == id)
     }

@@ -56,9 +56,6 @@ use super::streams::{CpuUse, Plan, Sockets, StreamEnd, TestSeconds, TestStreams}
 use super::udp::{self, UdpPort};
 use super::wire::{self, Cookie, CookieCheck, ErrorCode, JsonError, State, COOKIE_LEN};
 
-/// iperf3's port.
-pub const DEFAULT_PORT: u16 = 5201;
-
 /// Default `--iperf3-max-tests`: tests running at once.
 pub const DEFAULT_MAX_TESTS: usize = 16;
 
@@ -68,7 +65,7 @@ pub const DEFAULT_MAX_TESTS: usize = 16;
 /// all: one source with 16 connections stopped after their parameters
 /// served 0 of 70 real clients over 70 s. Four tests at once from one
 /// host is more than a campus's test schedule runs (perfSONAR runs one).
-pub const SOURCE_SHARE_DIVISOR: usize = 4;
+pub(crate) const SOURCE_SHARE_DIVISOR: usize = 4;
 
 /// The default `--iperf3-max-tests-per-source` for `max_tests` slots.
 pub fn default_tests_per_source(max_tests: usize) -> usize {
@@ -80,7 +77,7 @@ pub fn default_tests_per_source(max_tests: usize) -> usize {
 /// (each a thread of ours), the oldest pushed out by a newer one. A client
 /// has one there for a round trip per test; 8 covers a host starting its
 /// default 4 tests together, and a stranger's crowd holds 8 threads, not 64.
-pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 8;
+pub(crate) const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 8;
 
 /// The default `--iperf3-max-pending-per-source` for a source that may hold
 /// `tests_per_source` tests: a host allowed 32 tests may start 32 together,
@@ -96,19 +93,19 @@ pub fn default_pending_per_source(tests_per_source: usize) -> usize {
 /// 128 streams over a 1 s RTT path. A test whose streams do not come gives
 /// its slot back then (it kept it 30 s, the engine's own sessions' attach
 /// time for 1,024 streams).
-pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The iperf3 port's name among the stats API's admission counters.
-pub const LISTENER_NAME: &str = "iperf3";
+pub(crate) const LISTENER_NAME: &str = "iperf3";
 
 /// Default `--iperf3-max-duration`: an hour is far beyond any scheduled
 /// test (perfSONAR runs 10 to 60 s) and still stops a forgotten `-t 0`.
-pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(3600);
 
 /// Largest parameter block we read. A client's block is ~300 bytes; a
 /// title or extra data may add a little. A larger length is refused
 /// before anything is read.
-pub const MAX_PARAMS_LEN: usize = 64 << 10;
+pub(crate) const MAX_PARAMS_LEN: usize = 64 << 10;
 
 /// A sending stream of ours stops this long after the client's `-t` (and
 /// `-O`) if the client's `TEST_END` has not stopped it first; the client's
@@ -132,7 +129,7 @@ const TELL_GRACE: Duration = Duration::from_secs(2);
 /// What `--iperf3-listen` and its companions say.
 #[derive(Debug, Clone)]
 pub struct Iperf3Options {
-    pub listen: String,
+    pub(crate) listen: String,
     pub max_tests: usize,
     /// Tests one source may hold at once, starting or running
     /// (`--iperf3-max-tests-per-source`).

@@ -34,48 +34,48 @@ use super::results::{stream_id, Results, StreamResult};
 use super::udp::{self, ReceiveStats, SendPlan};
 
 /// A test's connected data sockets, in connection order.
-pub enum Sockets {
+pub(crate) enum Sockets {
     Tcp(Vec<TcpStream>),
     Udp(Vec<UdpSocket>),
 }
 
 /// How one end runs its streams.
-pub struct Plan {
+pub(crate) struct Plan {
     /// Stream layout and `-n` split ([`super::params::Params::shape`]).
-    pub shape: SessionRequest,
-    pub side: Side,
+    pub(crate) shape: SessionRequest,
+    pub(crate) side: Side,
     /// How long a sending stream sends when the test has no byte limit
     /// (the client's `-t`; the server adds a grace, the client's
     /// `TEST_END` ends it first).
-    pub send_for: Duration,
+    pub(crate) send_for: Duration,
     /// Per-stream rate of sending streams, bits/s; 0 for unpaced.
-    pub stream_rate_bps: u64,
+    pub(crate) stream_rate_bps: u64,
     /// UDP: datagram payload size and 64-bit sequence numbers.
-    pub block: usize,
-    pub wide: bool,
+    pub(crate) block: usize,
+    pub(crate) wide: bool,
 }
 
 /// One UDP stream: its socket, counters and, when receiving, iperf3's
 /// loss and jitter figures.
-pub struct UdpStream {
-    pub counters: Arc<DatagramStream>,
-    pub received: Mutex<ReceiveStats>,
+pub(crate) struct UdpStream {
+    pub(crate) counters: Arc<DatagramStream>,
+    pub(crate) received: Mutex<ReceiveStats>,
     socket: UdpSocket,
 }
 
 /// A stream's worker finished (index in connection order).
-pub struct StreamEnd {
-    pub index: u32,
-    pub result: Result<u64>,
+pub(crate) struct StreamEnd {
+    pub(crate) index: u32,
+    pub(crate) result: Result<u64>,
 }
 
 /// Told of every stream's end, on the stream's thread.
-pub type OnEnd = Arc<dyn Fn(StreamEnd) + Send + Sync>;
+pub(crate) type OnEnd = Arc<dyn Fn(StreamEnd) + Send + Sync>;
 
 /// The running (or ready) streams of one end of a test.
-pub struct TestStreams {
-    pub tcp: Vec<Arc<StreamStats>>,
-    pub udp: Vec<Arc<UdpStream>>,
+pub(crate) struct TestStreams {
+    pub(crate) tcp: Vec<Arc<StreamStats>>,
+    pub(crate) udp: Vec<Arc<UdpStream>>,
     /// Each TCP stream's work, handed to the data workers by
     /// [`TestStreams::go`].
     pending: Mutex<Vec<(Arc<StreamStats>, Work, Finished)>>,
@@ -155,7 +155,7 @@ impl Gate {
 impl TestStreams {
     /// Prepares every stream; they start at [`TestStreams::go`]. `on_end`
     /// hears of each stream's end.
-    pub fn prepare(
+    pub(crate) fn prepare(
         plan: &Plan,
         sockets: Sockets,
         plane: &dyn DataPlane,
@@ -286,7 +286,7 @@ impl TestStreams {
     }
 
     /// Lets every stream go; returns the instant they started.
-    pub fn go(&self) -> Result<Instant> {
+    pub(crate) fn go(&self) -> Result<Instant> {
         self.counting.store(true, Ordering::Relaxed);
         let start = self.gate.open();
         let mut pending =
@@ -300,15 +300,11 @@ impl TestStreams {
         Ok(start)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tcp.len() + self.udp.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn role(&self, index: usize) -> Role {
+    pub(crate) fn role(&self, index: usize) -> Role {
         match self.udp.get(index) {
             Some(u) => u.counters.role,
             None => self.tcp[index].role,
@@ -316,7 +312,7 @@ impl TestStreams {
     }
 
     /// Payload bytes stream `index` moved so far.
-    pub fn bytes(&self, index: usize) -> u64 {
+    pub(crate) fn bytes(&self, index: usize) -> u64 {
         match self.udp.get(index) {
             Some(u) => u.counters.bytes.load(Ordering::Relaxed),
             None => self.tcp[index].bytes(),
@@ -324,7 +320,7 @@ impl TestStreams {
     }
 
     /// Bytes this end moved in `role`, all streams.
-    pub fn total(&self, role: Role) -> u64 {
+    pub(crate) fn total(&self, role: Role) -> u64 {
         (0..self.len())
             .filter(|&i| self.role(i) == role)
             .map(|i| self.bytes(i))
@@ -333,7 +329,7 @@ impl TestStreams {
 
     /// Anything TCP moved on any socket, or UDP bytes: grows while the test
     /// makes any progress at all (the server's idle watchdog).
-    pub fn progress(&self) -> u64 {
+    pub(crate) fn progress(&self) -> u64 {
         let tcp: u64 = self
             .tcp
             .iter()
@@ -345,20 +341,20 @@ impl TestStreams {
     }
 
     /// The omitted seconds are over: later results count from here.
-    pub fn end_omitted(&self) {
+    pub(crate) fn end_omitted(&self) {
         let now: Vec<u64> = (0..self.len()).map(|i| self.bytes(i)).collect();
         *self.omitted.lock().unwrap_or_else(|e| e.into_inner()) = now;
     }
 
     /// Bytes of stream `index` after the omitted seconds.
-    pub fn counted_bytes(&self, index: usize) -> u64 {
+    pub(crate) fn counted_bytes(&self, index: usize) -> u64 {
         let omitted = self.omitted.lock().unwrap_or_else(|e| e.into_inner())[index];
         self.bytes(index).saturating_sub(omitted)
     }
 
     /// Stops the senders and waits (up to `within`) until every one has
     /// stopped, so their counters are final. False if some did not.
-    pub fn stop_sending(&self, within: Duration) -> bool {
+    pub(crate) fn stop_sending(&self, within: Duration) -> bool {
         self.stop.store(true, Ordering::Relaxed);
         // A sender waiting for its socket (a receiver that stopped reading)
         // looks at the stop flag now.
@@ -376,13 +372,13 @@ impl TestStreams {
     }
 
     /// Whether every sending stream's source has returned.
-    pub fn senders_done(&self) -> bool {
+    pub(crate) fn senders_done(&self) -> bool {
         self.senders_left.load(Ordering::Acquire) == 0
     }
 
     /// UDP receivers stop counting (the test ended; late datagrams do not
     /// count, as in iperf3).
-    pub fn stop_counting(&self) {
+    pub(crate) fn stop_counting(&self) {
         self.counting.store(false, Ordering::Relaxed);
     }
 
@@ -391,7 +387,7 @@ impl TestStreams {
     /// [`crate::datapath::RecvBatching`]), so the drain sees the last bytes
     /// when they arrive and the receiving end_time is theirs, not up to
     /// [`crate::datapath::RecvBatching::LATEST`] later.
-    pub fn take_what_arrives(&self) {
+    pub(crate) fn take_what_arrives(&self) {
         for s in self.tcp.iter().filter(|s| s.role == Role::Receive) {
             // A socket already closed has nothing left to wait for.
             let _ = sockopt::set_rcvlowat(&*s.socket, 1);
@@ -399,14 +395,14 @@ impl TestStreams {
     }
 
     /// Samples TCP_INFO of every TCP stream.
-    pub fn sample(&self) {
+    pub(crate) fn sample(&self) {
         for s in &self.tcp {
             s.sample();
         }
     }
 
     /// Ends every stream: sockets shut down, loops stopped, workers let go.
-    pub fn abort(&self) {
+    pub(crate) fn abort(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.counting.store(false, Ordering::Relaxed);
         self.gate.open();
@@ -422,7 +418,7 @@ impl TestStreams {
     }
 
     /// Lists the streams in the stats API.
-    pub fn register(&self, entry: &SessionEntry) {
+    pub(crate) fn register(&self, entry: &SessionEntry) {
         if self.udp.is_empty() {
             entry.set_running(self.tcp.clone());
         } else {
@@ -432,7 +428,7 @@ impl TestStreams {
 
     /// This end's results block: every stream's figures after the omitted
     /// seconds, how long each role counted (`end_time`), and process CPU.
-    pub fn results(
+    pub(crate) fn results(
         &self,
         counted: TestSeconds,
         cpu: CpuUse,
@@ -492,16 +488,16 @@ impl TestStreams {
 /// queue and full socket buffers is later. Bytes over these times are the
 /// rates each end really saw, never above what the path carried.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TestSeconds {
-    pub sending: f64,
-    pub receiving: f64,
+pub(crate) struct TestSeconds {
+    pub(crate) sending: f64,
+    pub(crate) receiving: f64,
 }
 
 impl TestSeconds {
     /// `seconds` of test time, and receiving until `last_arrival` when
     /// bytes still arrived after the test's end; `start` and `omit` place
     /// that instant on the test's clock.
-    pub fn new(
+    pub(crate) fn new(
         seconds: f64,
         start: std::time::Instant,
         omit: u64,
@@ -517,21 +513,21 @@ impl TestSeconds {
     }
 
     /// The longer of the two: the test as a whole.
-    pub fn overall(&self) -> f64 {
+    pub(crate) fn overall(&self) -> f64 {
         self.sending.max(self.receiving)
     }
 }
 
 /// Process CPU over a test, percent of one core (iperf3's measure).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct CpuUse {
-    pub user_pct: f64,
-    pub system_pct: f64,
+pub(crate) struct CpuUse {
+    pub(crate) user_pct: f64,
+    pub(crate) system_pct: f64,
 }
 
 impl CpuUse {
     /// From a CPU report of the engine and the wall seconds it covers.
-    pub fn from_report(r: &crate::messages::CpuReport, seconds: f64) -> CpuUse {
+    pub(crate) fn from_report(r: &crate::messages::CpuReport, seconds: f64) -> CpuUse {
         let pct = |s: f64| {
             if seconds > 0.0 {
                 s / seconds * 100.0

@@ -38,9 +38,9 @@ use crate::registry::DatagramStream;
 use super::wire;
 
 /// Bytes of the header with 32-bit sequence numbers.
-pub const HEADER_LEN: usize = 12;
+pub(crate) const HEADER_LEN: usize = 12;
 /// With `--udp-counters-64bit`.
-pub const WIDE_HEADER_LEN: usize = 16;
+pub(crate) const WIDE_HEADER_LEN: usize = 16;
 
 /// How often blocking UDP calls come back to look at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
@@ -51,11 +51,11 @@ const DEFAULT_UDP_BUFFER: usize = 4 << 20;
 
 /// How long a test waits for its turn to open UDP streams from its
 /// client's address (another test from there is opening its own).
-pub const TURN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TURN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Writes the header into the start of `buf` (which is at least a header
 /// long).
-pub fn write_header(buf: &mut [u8], clock: Duration, seq: u64, wide: bool) {
+pub(crate) fn write_header(buf: &mut [u8], clock: Duration, seq: u64, wide: bool) {
     let secs = clock.as_secs() as u32;
     let usecs = clock.subsec_micros();
     buf[0..4].copy_from_slice(&secs.to_be_bytes());
@@ -68,7 +68,7 @@ pub fn write_header(buf: &mut [u8], clock: Duration, seq: u64, wide: bool) {
 }
 
 /// Reads a header: (sender clock in seconds, sequence number).
-pub fn read_header(buf: &[u8], wide: bool) -> Option<(f64, u64)> {
+pub(crate) fn read_header(buf: &[u8], wide: bool) -> Option<(f64, u64)> {
     let len = if wide { WIDE_HEADER_LEN } else { HEADER_LEN };
     if buf.len() < len {
         return None;
@@ -85,23 +85,23 @@ pub fn read_header(buf: &[u8], wide: bool) -> Option<(f64, u64)> {
 
 /// A receiving UDP stream's figures, as iperf3 reports them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ReceiveStats {
-    pub bytes: u64,
-    pub datagrams: u64,
+pub(crate) struct ReceiveStats {
+    pub(crate) bytes: u64,
+    pub(crate) datagrams: u64,
     /// Highest sequence number seen (iperf3's "packets" of a receiver).
-    pub highest: u64,
+    pub(crate) highest: u64,
     /// Datagrams missing from the sequence (iperf3's "errors").
-    pub lost: i64,
-    pub out_of_order: u64,
+    pub(crate) lost: i64,
+    pub(crate) out_of_order: u64,
     /// Seconds.
-    pub jitter: f64,
+    pub(crate) jitter: f64,
     prev_transit: Option<f64>,
 }
 
 impl ReceiveStats {
     /// Accounts one datagram of `len` bytes sent at `sent` (sender clock)
     /// and received at `arrived` (our clock), both in seconds.
-    pub fn record(&mut self, len: usize, seq: u64, sent: f64, arrived: f64) {
+    pub(crate) fn record(&mut self, len: usize, seq: u64, sent: f64, arrived: f64) {
         self.bytes += len as u64;
         self.datagrams += 1;
         if seq > self.highest {
@@ -128,7 +128,7 @@ fn clock(origin: Instant) -> Duration {
 
 /// Sets a UDP data socket's buffers: `window` if the client gave one, else
 /// enough for bursts.
-pub fn set_buffers(sock: &UdpSocket, window: u64) -> io::Result<()> {
+pub(crate) fn set_buffers(sock: &UdpSocket, window: u64) -> io::Result<()> {
     let bytes = if window > 0 {
         window.min(i32::MAX as u64) as libc::c_int
     } else {
@@ -153,7 +153,7 @@ pub fn set_buffers(sock: &UdpSocket, window: u64) -> io::Result<()> {
 }
 
 /// Sets don't-fragment (IPv4 path MTU discovery "do") on a UDP socket.
-pub fn set_dont_fragment(sock: &UdpSocket) -> io::Result<()> {
+pub(crate) fn set_dont_fragment(sock: &UdpSocket) -> io::Result<()> {
     let v: libc::c_int = libc::IP_PMTUDISC_DO;
     // SAFETY: an int option of the size we pass, on an open socket.
     let rc = unsafe {
@@ -173,19 +173,23 @@ pub fn set_dont_fragment(sock: &UdpSocket) -> io::Result<()> {
 }
 
 /// What a sending UDP stream needs to know.
-pub struct SendPlan {
-    pub block: usize,
-    pub wide: bool,
+pub(crate) struct SendPlan {
+    pub(crate) block: usize,
+    pub(crate) wide: bool,
     /// Per-stream rate, bits/s.
-    pub rate_bps: u64,
-    pub limit: Limit,
-    pub stop: Arc<AtomicBool>,
+    pub(crate) rate_bps: u64,
+    pub(crate) limit: Limit,
+    pub(crate) stop: Arc<AtomicBool>,
 }
 
 /// Sends datagrams until the plan's limit or stop flag, paced at its rate.
 /// A datagram the kernel has no buffer for is retried; a refused one (the
 /// peer's port is gone) ends the stream with an error.
-pub fn send_loop(sock: &UdpSocket, plan: &SendPlan, counters: &DatagramStream) -> io::Result<()> {
+pub(crate) fn send_loop(
+    sock: &UdpSocket,
+    plan: &SendPlan,
+    counters: &DatagramStream,
+) -> io::Result<()> {
     let origin = Instant::now();
     let pacer = (plan.rate_bps > 0).then(|| Pacer::new(plan.rate_bps));
     let mut buf = vec![0u8; plan.block.max(WIDE_HEADER_LEN)];
@@ -246,7 +250,7 @@ pub fn send_loop(sock: &UdpSocket, plan: &SendPlan, counters: &DatagramStream) -
 
 /// Receives datagrams until `stop`, accounting them into `stats` while
 /// `counting` is set (iperf3 counts only while the test runs).
-pub fn receive_loop(
+pub(crate) fn receive_loop(
     sock: &UdpSocket,
     block: usize,
     wide: bool,
@@ -331,7 +335,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 
 /// A UDP socket bound to `addr` with SO_REUSEADDR, so a port's unconnected
 /// socket and its connected per-stream sockets can share the address.
-pub fn bind_shared(addr: SocketAddr) -> io::Result<UdpSocket> {
+pub(crate) fn bind_shared(addr: SocketAddr) -> io::Result<UdpSocket> {
     let domain = if addr.is_ipv4() {
         libc::AF_INET
     } else {
@@ -376,7 +380,7 @@ struct Waiter {
 }
 
 /// The server's UDP port (see the module documentation).
-pub struct UdpPort {
+pub(crate) struct UdpPort {
     socket: UdpSocket,
     port: u16,
     waiting: Mutex<HashMap<IpAddr, Waiter>>,
@@ -385,10 +389,10 @@ pub struct UdpPort {
 
 /// A test's claim on its client address's UDP streams; dropping it lets
 /// the next test from that address open its streams.
-pub struct Expectation<'a> {
+pub(crate) struct Expectation<'a> {
     port: &'a UdpPort,
     client: IpAddr,
-    pub streams: Receiver<UdpSocket>,
+    pub(crate) streams: Receiver<UdpSocket>,
 }
 
 impl Drop for Expectation<'_> {
@@ -403,7 +407,7 @@ impl Drop for Expectation<'_> {
 }
 
 impl UdpPort {
-    pub fn bind(addr: SocketAddr) -> io::Result<UdpPort> {
+    pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpPort> {
         let socket = bind_shared(addr)?;
         let port = socket.local_addr()?.port();
         Ok(UdpPort {
@@ -414,13 +418,14 @@ impl UdpPort {
         })
     }
 
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    #[cfg(test)]
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.socket.local_addr()
     }
 
     /// Waits for `client`'s turn (up to [`TURN_TIMEOUT`]) and registers a
     /// test that wants `wanted` streams from it, answering from `local`.
-    pub fn expect(
+    pub(crate) fn expect(
         &self,
         client: IpAddr,
         local: IpAddr,
@@ -460,7 +465,7 @@ impl UdpPort {
 
     /// Answers connect messages forever (a thread of its own). Datagrams
     /// from addresses no test waits for are dropped without an answer.
-    pub fn run(&self, log: &(dyn Fn(String) + Sync)) {
+    pub(crate) fn run(&self, log: &(dyn Fn(String) + Sync)) {
         let mut buf = [0u8; 64];
         loop {
             let (n, from) = match self.socket.recv_from(&mut buf) {
@@ -505,7 +510,7 @@ impl UdpPort {
 }
 
 /// An address as a source key: IPv4-mapped IPv6 as IPv4.
-pub fn canonical(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()
@@ -518,7 +523,11 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 /// Opens one UDP stream to a server, as an iperf3 client does: connect,
 /// send the connect message, wait for the reply (skipping up to a few
 /// data datagrams that may overtake it in a reverse test).
-pub fn connect_stream(server: SocketAddr, window: u64, timeout: Duration) -> io::Result<UdpSocket> {
+pub(crate) fn connect_stream(
+    server: SocketAddr,
+    window: u64,
+    timeout: Duration,
+) -> io::Result<UdpSocket> {
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {

@@ -13,7 +13,7 @@ use serde_json::Value;
 /// Bytes of a cookie on the wire: 36 printable characters and a NUL. The
 /// client sends it first on the control connection and on every data
 /// connection; it names the test.
-pub const COOKIE_LEN: usize = 37;
+pub(crate) const COOKIE_LEN: usize = 37;
 
 /// The characters iperf3 (3.2 and later) draws its cookies from. Older
 /// clients used other printable characters, which we accept as well.
@@ -21,7 +21,7 @@ const COOKIE_CHARS: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
 /// A test's cookie (36 characters, without the NUL).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Cookie([u8; COOKIE_LEN - 1]);
+pub(crate) struct Cookie([u8; COOKIE_LEN - 1]);
 
 impl std::fmt::Debug for Cookie {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -32,7 +32,7 @@ impl std::fmt::Debug for Cookie {
 
 /// What the first bytes of a connection are, as a cookie.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CookieCheck {
+pub(crate) enum CookieCheck {
     /// Fine so far; more bytes are needed.
     Incomplete,
     Valid(Cookie),
@@ -42,7 +42,7 @@ pub enum CookieCheck {
 
 impl Cookie {
     /// A fresh random cookie, as an iperf3 client makes one.
-    pub fn random() -> Cookie {
+    pub(crate) fn random() -> Cookie {
         let bytes = longhaul_core::auth::random_bytes::<{ COOKIE_LEN - 1 }>();
         let mut c = [0u8; COOKIE_LEN - 1];
         for (slot, b) in c.iter_mut().zip(bytes) {
@@ -53,7 +53,7 @@ impl Cookie {
 
     /// Checks the bytes received so far against a cookie's shape:
     /// printable ASCII up to the 36th byte, then a NUL.
-    pub fn check(received: &[u8]) -> CookieCheck {
+    pub(crate) fn check(received: &[u8]) -> CookieCheck {
         for (i, &b) in received.iter().take(COOKIE_LEN).enumerate() {
             let fine = if i == COOKIE_LEN - 1 {
                 b == 0
@@ -75,14 +75,14 @@ impl Cookie {
     }
 
     /// The 37 bytes on the wire.
-    pub fn to_wire(self) -> [u8; COOKIE_LEN] {
+    pub(crate) fn to_wire(self) -> [u8; COOKIE_LEN] {
         let mut w = [0u8; COOKIE_LEN];
         w[..COOKIE_LEN - 1].copy_from_slice(&self.0);
         w
     }
 
     /// The cookie as text (iperf3 prints it in its JSON `start` object).
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.0).unwrap_or("")
     }
 }
@@ -91,7 +91,7 @@ impl Cookie {
 /// iperf3). The server announces each step; the client answers with
 /// `TEST_END`, `IPERF_DONE` or `CLIENT_TERMINATE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     TestStart,
     TestRunning,
     TestEnd,
@@ -111,7 +111,7 @@ pub enum State {
 }
 
 impl State {
-    pub fn byte(self) -> u8 {
+    pub(crate) fn byte(self) -> u8 {
         let v: i8 = match self {
             State::TestStart => 1,
             State::TestRunning => 2,
@@ -130,7 +130,7 @@ impl State {
         v as u8
     }
 
-    pub fn from_byte(b: u8) -> Option<State> {
+    pub(crate) fn from_byte(b: u8) -> Option<State> {
         Some(match b as i8 {
             1 => State::TestStart,
             2 => State::TestRunning,
@@ -155,7 +155,7 @@ impl State {
 /// up in its own table and prints that text: an unknown number prints as
 /// "int_errno=N", so we only send numbers every iperf3 3.x knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
+pub(crate) enum ErrorCode {
     Duration,
     NumStreams,
     BlockSize,
@@ -181,7 +181,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub fn number(self) -> i32 {
+    pub(crate) fn number(self) -> i32 {
         match self {
             ErrorCode::Duration => 5,
             ErrorCode::NumStreams => 6,
@@ -208,7 +208,7 @@ impl ErrorCode {
         }
     }
 
-    pub fn from_number(n: i32) -> ErrorCode {
+    pub(crate) fn from_number(n: i32) -> ErrorCode {
         [
             ErrorCode::Duration,
             ErrorCode::NumStreams,
@@ -238,7 +238,7 @@ impl ErrorCode {
     }
 
     /// What iperf3 3.12 prints for the code (after "iperf3: error - ").
-    pub fn text(self) -> String {
+    pub(crate) fn text(self) -> String {
         match self {
             ErrorCode::Duration => "test duration too long (maximum = 86400 seconds)".into(),
             ErrorCode::NumStreams => "number of parallel streams too large (maximum = 128)".into(),
@@ -271,7 +271,7 @@ impl ErrorCode {
 }
 
 /// The 9 bytes of a `SERVER_ERROR`: the state, the code, errno 0.
-pub fn server_error_bytes(code: ErrorCode) -> [u8; 9] {
+pub(crate) fn server_error_bytes(code: ErrorCode) -> [u8; 9] {
     let mut b = [0u8; 9];
     b[0] = State::ServerError.byte();
     b[1..5].copy_from_slice(&code.number().to_be_bytes());
@@ -280,7 +280,7 @@ pub fn server_error_bytes(code: ErrorCode) -> [u8; 9] {
 
 /// Why a JSON block could not be read.
 #[derive(Debug)]
-pub enum JsonError {
+pub(crate) enum JsonError {
     /// The announced length is beyond what this block may hold.
     TooLong { announced: u64, max: usize },
     /// The connection ended or failed inside the block.
@@ -305,7 +305,7 @@ impl std::fmt::Display for JsonError {
 /// Reads one JSON block: a 4-byte big-endian length, then that many bytes
 /// of JSON. A length above `max` is refused before anything is allocated;
 /// the buffer grows only with the bytes that really arrive.
-pub fn read_json(r: &mut impl Read, max: usize) -> Result<Value, JsonError> {
+pub(crate) fn read_json(r: &mut impl Read, max: usize) -> Result<Value, JsonError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(JsonError::Io)?;
     let announced = u32::from_be_bytes(len) as u64;
@@ -334,7 +334,7 @@ pub fn read_json(r: &mut impl Read, max: usize) -> Result<Value, JsonError> {
 }
 
 /// Writes one JSON block (length, then the JSON on one line).
-pub fn write_json(w: &mut impl Write, value: &Value) -> io::Result<()> {
+pub(crate) fn write_json(w: &mut impl Write, value: &Value) -> io::Result<()> {
     let body = serde_json::to_vec(value).map_err(io::Error::other)?;
     let len =
         u32::try_from(body.len()).map_err(|_| io::Error::other("JSON block larger than 4 GiB"))?;
@@ -347,16 +347,16 @@ pub fn write_json(w: &mut impl Write, value: &Value) -> io::Result<()> {
 /// The datagram an iperf3 client sends to open a UDP stream: the number
 /// 0x36373839 ("6789") in the client's byte order, or, from clients before
 /// 3.1, 123456789.
-pub const UDP_CONNECT_MSG: u32 = 0x3637_3839;
+pub(crate) const UDP_CONNECT_MSG: u32 = 0x3637_3839;
 const LEGACY_UDP_CONNECT_MSG: u32 = 123_456_789;
 /// The server's answer: 0x39383736 ("9876"), or 987654321 for old clients.
-pub const UDP_CONNECT_REPLY: u32 = 0x3938_3736;
+pub(crate) const UDP_CONNECT_REPLY: u32 = 0x3938_3736;
 const LEGACY_UDP_CONNECT_REPLY: u32 = 987_654_321;
 
 /// The reply to a UDP connect datagram, in the byte order the client used
 /// (it compares the reply as a number in its own order), or `None` if the
 /// datagram is not a connect message.
-pub fn udp_connect_reply(datagram: &[u8]) -> Option<[u8; 4]> {
+pub(crate) fn udp_connect_reply(datagram: &[u8]) -> Option<[u8; 4]> {
     let b: [u8; 4] = datagram.try_into().ok()?;
     for (msg, reply) in [
         (UDP_CONNECT_MSG, UDP_CONNECT_REPLY),
@@ -373,7 +373,7 @@ pub fn udp_connect_reply(datagram: &[u8]) -> Option<[u8; 4]> {
 }
 
 /// Whether a datagram is a connect reply, in either byte order.
-pub fn is_udp_connect_reply(datagram: &[u8]) -> bool {
+pub(crate) fn is_udp_connect_reply(datagram: &[u8]) -> bool {
     let Ok(b) = <[u8; 4]>::try_from(datagram) else {
         return false;
     };

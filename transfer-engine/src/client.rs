@@ -15,7 +15,7 @@ use crate::connection::{self, Connection};
 use crate::datapath::DataPlane;
 use crate::error::{Error, Result};
 use crate::handshake::{self, Nonces};
-use crate::iperf3::client::TestOptions;
+use crate::iperf3::TestOptions;
 use crate::limits::{DEFAULT_BUFFER, DEFAULT_SECONDS, REPORT_PERIOD};
 use crate::messages::{Direction, Message, SessionRequest};
 use crate::planes::{self, Amount, Payload};
@@ -37,7 +37,7 @@ const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 /// (30 s) from its request to its Start, so a client must not wait for a
 /// far instant while attached; 10 s covers the handshake and attaching 1,024
 /// streams over a long path.
-pub const START_AT_CONNECT_AHEAD: Duration = Duration::from_secs(10);
+pub(crate) const START_AT_CONNECT_AHEAD: Duration = Duration::from_secs(10);
 
 /// Idle streams named in the warning; the rest are counted.
 const IDLE_STREAMS_SHOWN: usize = 10;
@@ -46,7 +46,7 @@ const IDLE_STREAMS_SHOWN: usize = 10;
 #[derive(Debug, Clone)]
 pub struct SendOptions {
     /// `HOST:PORT` of the server.
-    pub to: String,
+    pub(crate) to: String,
     /// Streams per direction.
     pub streams: u32,
     /// SO_SNDBUF/SO_RCVBUF of every data socket, bytes.
@@ -91,7 +91,7 @@ impl SendOptions {
 
     /// The session request these options describe (without the mode's
     /// parameters, which its plane adds).
-    pub fn request(&self) -> SessionRequest {
+    pub(crate) fn request(&self) -> SessionRequest {
         let (bytes, seconds) = match self.payload.amount() {
             Some(Amount::Bytes(b)) => (Some(b), None),
             Some(Amount::Seconds(s)) => (None, Some(s)),

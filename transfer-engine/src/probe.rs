@@ -33,7 +33,7 @@ pub struct ProbeResult {
 }
 
 /// The server's answer to a ping.
-pub fn answer(ping: &Ping) -> Pong {
+pub(crate) fn answer(ping: &Ping) -> Pong {
     Pong {
         seq: ping.seq,
         limits: ping.limits.then(local_limits),
@@ -101,7 +101,7 @@ fn triple(v: Option<Vec<u64>>) -> Option<[u64; 3]> {
 }
 
 /// Reads the limits under `root` (normally `/proc/sys`).
-pub fn read_limits(root: &Path) -> SocketLimits {
+pub(crate) fn read_limits(root: &Path) -> SocketLimits {
     SocketLimits {
         rmem_max: read_values(root, RMEM_MAX).map(|v| v[0]),
         wmem_max: read_values(root, WMEM_MAX).map(|v| v[0]),

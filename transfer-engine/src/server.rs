@@ -30,7 +30,7 @@ use crate::handshake::{self, AuthPolicy, Proven, MAX_FIRST_MESSAGE};
 use crate::limits::{admission_settings, ATTACH_TIMEOUT};
 use crate::logline;
 use crate::messages::{AuthOk, Message, SessionAccepted, SessionRequest};
-use crate::planes::disk::claims::{Claimant, Claims, RootLock};
+use crate::planes::disk::{Claimant, Claims, RootLock};
 use crate::planes::{self, ServerPlanes};
 use crate::probe;
 use crate::registry::{Registry, SessionEntry};
@@ -45,7 +45,7 @@ pub const DEFAULT_MAX_SESSIONS: usize = 16;
 
 /// The control and data port's name among the stats API's admission
 /// counters.
-pub const LISTENER_NAME: &str = "longhaul";
+pub(crate) const LISTENER_NAME: &str = "longhaul";
 
 /// How often the server refreshes TCP_INFO for the stats API.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);

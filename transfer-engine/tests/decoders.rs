@@ -16,8 +16,9 @@ use longhaul_engine::attach::{AttachHeader, ATTACH_LEN};
 use longhaul_engine::frame::{Frame, FRAME_MAGIC, MAX_FRAME_LEN};
 use longhaul_engine::handshake::{classify, MAX_HANDSHAKE_FRAME};
 use longhaul_engine::messages::Message;
-use longhaul_engine::planes::disk::plane::decode_disk_message;
-use longhaul_engine::planes::disk::wire::{read_header, FrameHeader, FRAME_HEADER_LEN};
+use longhaul_engine::planes::disk::{
+    decode_disk_message, read_header, FrameHeader, FRAME_HEADER_LEN,
+};
 use proptest::prelude::*;
 
 struct Counting;
@@ -92,7 +93,7 @@ fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
         header(b"LHDA".to_vec()),
         // Disk block frames: magic (LE), kind, then arbitrary fields.
         proptest::collection::vec(any::<u8>(), 28..256).prop_map(|mut v| {
-            v[..4].copy_from_slice(&longhaul_engine::planes::disk::wire::FRAME_MAGIC.to_le_bytes());
+            v[..4].copy_from_slice(&longhaul_engine::planes::disk::FRAME_MAGIC.to_le_bytes());
             v
         }),
         // JSON-looking payloads.

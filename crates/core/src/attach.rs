@@ -19,7 +19,7 @@ use crate::auth::{hmac_parts, proofs_equal};
 use crate::error::{Error, Result};
 
 /// First four bytes of a data connection.
-pub const ATTACH_MAGIC: [u8; 4] = *b"LHDA";
+pub(crate) const ATTACH_MAGIC: [u8; 4] = *b"LHDA";
 /// Total header length.
 pub const ATTACH_LEN: usize = 64;
 /// Bytes of a session id.
@@ -33,11 +33,15 @@ pub const ATTACH_REJECTED: u8 = 1;
 pub struct AttachHeader {
     pub session_id: [u8; SESSION_ID_LEN],
     pub stream_id: u32,
-    pub proof: [u8; 32],
+    pub(crate) proof: [u8; 32],
 }
 
 /// The proof for one stream.
-pub fn attach_proof(key: &[u8], session_id: &[u8; SESSION_ID_LEN], stream_id: u32) -> [u8; 32] {
+pub(crate) fn attach_proof(
+    key: &[u8],
+    session_id: &[u8; SESSION_ID_LEN],
+    stream_id: u32,
+) -> [u8; 32] {
     hmac_parts(
         key,
         b"longhaul-attach-v1",
@@ -54,7 +58,7 @@ impl AttachHeader {
         }
     }
 
-    pub fn encode(&self) -> [u8; ATTACH_LEN] {
+    pub(crate) fn encode(&self) -> [u8; ATTACH_LEN] {
         let mut out = [0u8; ATTACH_LEN];
         out[..4].copy_from_slice(&ATTACH_MAGIC);
         out[4..20].copy_from_slice(&self.session_id);

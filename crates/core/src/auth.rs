@@ -55,7 +55,7 @@ impl Token {
     }
 
     /// The client's proof.
-    pub fn client_proof(&self, server_nonce: &[u8], client_nonce: &[u8]) -> [u8; 32] {
+    pub(crate) fn client_proof(&self, server_nonce: &[u8], client_nonce: &[u8]) -> [u8; 32] {
         self.mac(b"longhaul-client-v1", &[server_nonce, client_nonce])
     }
 
@@ -72,7 +72,7 @@ impl Token {
 }
 
 /// HMAC-SHA256 of `label | parts...` under `key`.
-pub fn hmac_parts(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+pub(crate) fn hmac_parts(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts any key length");
     mac.update(label);
     for p in parts {
@@ -82,7 +82,7 @@ pub fn hmac_parts(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
 }
 
 /// Compares two proofs in constant time.
-pub fn proofs_equal(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn proofs_equal(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -139,7 +139,7 @@ impl Connection {
     /// send, one that reads slowly keeps it going. (SO_SNDTIMEO alone bounds
     /// each write from its start: a message that half fit in the send
     /// buffer held a send for two timeouts, and a trickle for ever.)
-    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+    pub(crate) fn set_write_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.writer
             .set_write_timeout(timeout)
             .map_err(|e| Error::io("control connection", e))?;
@@ -266,7 +266,7 @@ impl<R: Read> Read for ByDeadline<'_, R> {
 /// acknowledges a few bytes now and then (its kernel squeezes its receive
 /// queue and reopens the window a crack), and a peer could read a byte a
 /// minute.
-pub const MIN_TAKEN_IN: u64 = 64 << 10;
+pub(crate) const MIN_TAKEN_IN: u64 = 64 << 10;
 
 /// Writes that fail once the peer took in less than [`MIN_TAKEN_IN`] over
 /// the last `patience`: each write waits at most a second (SO_SNDTIMEO),

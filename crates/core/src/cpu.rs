@@ -34,7 +34,7 @@ fn read_proc_stat() -> ([u64; 8], u32) {
 /// The first 48 bits of the kernel's boot id (`/proc/sys/kernel/random/boot_id`,
 /// a UUID drawn at boot): the same for every process and container on one
 /// kernel. 0 when it cannot be read.
-pub fn kernel_boot_id() -> u64 {
+pub(crate) fn kernel_boot_id() -> u64 {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let hex: String = text
         .chars()

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 
 /// Most CPUs a list may name (and the largest CPU number + 1 we accept):
 /// the size of the kernel's default `cpu_set_t`.
-pub const MAX_CPUS: usize = libc::CPU_SETSIZE as usize;
+pub(crate) const MAX_CPUS: usize = libc::CPU_SETSIZE as usize;
 
 /// Parses a CPU list as the kernel writes them: `0-3,8,10-11`.
 pub fn parse_list(text: &str) -> std::result::Result<Vec<usize>, String> {
@@ -62,17 +62,17 @@ fn number(s: &str, text: &str) -> std::result::Result<usize, String> {
 
 /// The CPUs and NUMA nodes of this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Topology {
-    pub online: Vec<usize>,
+pub(crate) struct Topology {
+    pub(crate) online: Vec<usize>,
     /// Each node's online CPUs; empty when sysfs shows no nodes.
-    pub nodes: Vec<Vec<usize>>,
+    pub(crate) nodes: Vec<Vec<usize>>,
 }
 
 impl Topology {
     /// Reads `<sysfs>/devices/system/cpu/online` and
     /// `<sysfs>/devices/system/node/node*/cpulist`. Without sysfs, the CPUs
     /// this process may run on.
-    pub fn read(sysfs: &Path) -> Topology {
+    pub(crate) fn read(sysfs: &Path) -> Topology {
         let online = std::fs::read_to_string(sysfs.join("devices/system/cpu/online"))
             .ok()
             .and_then(|t| parse_list(&t).ok())
@@ -107,7 +107,7 @@ impl Topology {
     }
 
     /// This machine, from `/sys`.
-    pub fn here() -> Topology {
+    pub(crate) fn here() -> Topology {
         Topology::read(Path::new("/sys"))
     }
 }
@@ -117,10 +117,10 @@ fn available_parallelism() -> usize {
 }
 
 /// Where one worker may run: `None` = anywhere.
-pub type Affinity = Option<Vec<usize>>;
+pub(crate) type Affinity = Option<Vec<usize>>;
 
 /// The workers and where each runs, from `--threads` and `--cpus`.
-pub fn place(
+pub(crate) fn place(
     threads: Option<usize>,
     cpus: Option<&[usize]>,
     topo: &Topology,
@@ -152,7 +152,7 @@ pub fn place(
 }
 
 /// A CPU list in the kernel's notation (`0-3,8`).
-pub fn format_list(cpus: &[usize]) -> String {
+pub(crate) fn format_list(cpus: &[usize]) -> String {
     let mut sorted = cpus.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
@@ -176,7 +176,7 @@ pub fn format_list(cpus: &[usize]) -> String {
 }
 
 /// Confines the calling thread to `cpus`.
-pub fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
+pub(crate) fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
     // SAFETY: an all-zero cpu_set_t is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &c in cpus {
@@ -193,7 +193,8 @@ pub fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
 }
 
 /// The CPUs the calling thread may run on.
-pub fn current_affinity() -> Vec<usize> {
+#[cfg(test)]
+pub(crate) fn current_affinity() -> Vec<usize> {
     // SAFETY: as above; sched_getaffinity fills the set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer of the size we pass.

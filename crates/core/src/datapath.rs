@@ -63,9 +63,9 @@ pub enum Grant {
 pub struct SendBudget {
     pub limit: Limit,
     /// Shared in-process pacer of this direction (`--rate`).
-    pub pacer: Option<Arc<Pacer>>,
+    pub(crate) pacer: Option<Arc<Pacer>>,
     /// Set when the session fails; sources stop at their next grant.
-    pub stop: Arc<AtomicBool>,
+    pub(crate) stop: Arc<AtomicBool>,
     /// Bytes the pacer granted that are not sent yet, and from when.
     credit: usize,
     credit_from: Option<Instant>,
@@ -90,7 +90,7 @@ impl SendBudget {
     /// TCP_NOTSENT_LOWAT, only stops a write from starting a new packet
     /// buffer: the last one still takes up to a whole GSO packet (64 KiB),
     /// so 1024 slow streams with a 64 KiB cap held 80 MB, not 64.
-    pub fn set_queue_room(&mut self, room: Option<usize>) {
+    pub(crate) fn set_queue_room(&mut self, room: Option<usize>) {
         self.queue_room = room;
     }
 
@@ -107,7 +107,7 @@ impl SendBudget {
 
     /// The `--time` deadline: a stream waiting for its socket looks again
     /// then, even if the socket stays full.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub(crate) fn deadline(&self) -> Option<Instant> {
         match self.limit {
             Limit::Until(d) => Some(d),
             _ => None,
@@ -184,7 +184,7 @@ pub struct StreamIo<'a> {
     /// Non-blocking.
     pub sock: &'a TcpStream,
     /// The stream's live byte counter: add every payload byte moved.
-    pub counter: &'a AtomicU64,
+    pub(crate) counter: &'a AtomicU64,
     /// Bytes this turn may move before it yields.
     pub allowance: usize,
     /// Wakes the stream; for whatever it waits for besides the socket.
@@ -220,7 +220,7 @@ impl StreamIo<'_> {
 ///   without a batch and takes what is queued: a stream that slows down
 ///   or stalls is counted within that time, and turns batching off.
 #[derive(Debug)]
-pub struct RecvBatching {
+pub(crate) struct RecvBatching {
     on: bool,
     since: Instant,
     bytes: u64,
@@ -234,13 +234,13 @@ impl Default for RecvBatching {
 
 impl RecvBatching {
     /// Bytes queued before a batching socket is readable.
-    pub const BATCH: usize = 1 << 20;
+    pub(crate) const BATCH: usize = 1 << 20;
     /// How often the rate is judged.
-    pub const WINDOW: Duration = Duration::from_millis(50);
+    pub(crate) const WINDOW: Duration = Duration::from_millis(50);
     /// The longest a batching stream waits before it takes what is queued.
-    pub const LATEST: Duration = Duration::from_millis(100);
+    pub(crate) const LATEST: Duration = Duration::from_millis(100);
 
-    pub fn new() -> RecvBatching {
+    pub(crate) fn new() -> RecvBatching {
         RecvBatching {
             on: false,
             since: Instant::now(),
@@ -249,14 +249,15 @@ impl RecvBatching {
     }
 
     /// Whether SO_RCVLOWAT is at [`Self::BATCH`] now.
-    pub fn is_on(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_on(&self) -> bool {
         self.on
     }
 
     /// The sink received `moved` bytes since its last call and now waits
     /// for more: judges the rate once per window, sets SO_RCVLOWAT when
     /// batching turns on or off, and says how to wait.
-    pub fn wait(&mut self, sock: &TcpStream, moved: usize) -> Progress {
+    pub(crate) fn wait(&mut self, sock: &TcpStream, moved: usize) -> Progress {
         let now = Instant::now();
         self.bytes += moved as u64;
         let elapsed = now.saturating_duration_since(self.since);

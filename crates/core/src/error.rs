@@ -90,7 +90,7 @@ impl Error {
 
     /// Short code sent to the peer in an `Error` message, see
     /// [`Error::from_remote`].
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             Error::Usage(_) => "usage",
             Error::Refused(_) => "refused",
@@ -110,7 +110,7 @@ impl Error {
     }
 
     /// Rebuilds an error the peer reported with [`Error::code`].
-    pub fn from_remote(code: &str, message: &str) -> Error {
+    pub(crate) fn from_remote(code: &str, message: &str) -> Error {
         let m = format!("peer says: {message}");
         match code {
             "auth" => Error::Auth(m),
@@ -127,7 +127,7 @@ impl Error {
 
     /// The error without its cause prefix, for the peer's `Error` message
     /// (the peer adds the cause again from [`Error::code`]).
-    pub fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         match self {
             Error::Usage(m)
             | Error::Refused(m)

@@ -55,13 +55,13 @@ impl Frame {
     }
 
     /// Parses a header; returns (type, payload length) or a protocol error.
-    pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(u8, usize)> {
-        Frame::parse_header_limited(header, MAX_FRAME_LEN)
-    }
-
-    /// [`Frame::parse_header`] with a lower payload limit (the handshake
-    /// only takes small frames from a peer that has not proven anything).
-    pub fn parse_header_limited(header: &[u8; HEADER_LEN], max: usize) -> Result<(u8, usize)> {
+    /// The payload may be at most `max` bytes, never more than
+    /// [`MAX_FRAME_LEN`] (the handshake takes only small frames from a peer
+    /// that has not proven anything).
+    pub(crate) fn parse_header_limited(
+        header: &[u8; HEADER_LEN],
+        max: usize,
+    ) -> Result<(u8, usize)> {
         if header[..4] != FRAME_MAGIC {
             return Err(Error::Protocol(format!(
                 "bad frame magic {:02x?} (not a longhaul peer?)",

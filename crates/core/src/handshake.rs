@@ -30,7 +30,7 @@ use crate::{PROTOCOL_VERSION, SOFTWARE_VERSION};
 
 /// Largest `Hello` payload: a version, a 64-character nonce and a software
 /// name take ~120 bytes of JSON.
-pub const MAX_HELLO_LEN: usize = 1024;
+pub(crate) const MAX_HELLO_LEN: usize = 1024;
 
 /// Largest frame taken from a peer that has not proven the token yet. The
 /// handshake's messages are a few hundred bytes each.
@@ -85,7 +85,7 @@ pub struct Proven {
     pub client_nonce: Vec<u8>,
 }
 
-pub fn is_loopback(ip: IpAddr) -> bool {
+pub(crate) fn is_loopback(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => {
@@ -96,7 +96,7 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 
 /// Waits for the peer's source's turn to have a token proof checked (its
 /// failed proofs budget); None when the admission deadline passed.
-pub type ProofGate<'a> = &'a dyn Fn() -> Option<ProofTurn>;
+pub(crate) type ProofGate<'a> = &'a dyn Fn() -> Option<ProofTurn>;
 
 /// What a failed server handshake counts as, if anything: a peer that
 /// left or went silent is not counted here (the admission deadline counts

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// Connecting to the server. A WAN path answers a SYN within a few RTTs;
 /// 10 s covers slow paths and a busy server's accept queue.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Each handshake step (and the first bytes of any new connection). Long
 /// enough for a 200 ms RTT path under load, short enough that a half-open
@@ -42,7 +42,7 @@ pub const WATCHDOG_PERIOD: Duration = Duration::from_millis(500);
 /// attach exchange of a new data connection. Once the data workers run a
 /// stream its socket is non-blocking and the watchdog alone bounds it;
 /// longer than [`DATA_IDLE_TIMEOUT`] so the watchdog would speak first.
-pub const DATA_SOCKET_TIMEOUT: Duration = Duration::from_secs(45);
+pub(crate) const DATA_SOCKET_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// After the data phase: a sending stream waiting for the receiver to close
 /// its side, and each end waiting for the peer's `Done`. The peer only has
@@ -70,7 +70,7 @@ pub const DEFAULT_SECONDS: f64 = 10.0;
 /// Longest `--time` (365 days). A bound, not a policy: the run's end instant
 /// (start + seconds) must fit an `Instant`, and a peer's request must not be
 /// able to panic the session's thread with 1e19 s.
-pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+pub(crate) const MAX_SECONDS: f64 = 365.0 * 86_400.0;
 
 // Admission of new connections on the control port and the iperf3 port
 // (docs/threat-model.md explains each value).
@@ -84,23 +84,23 @@ pub const ADMISSION_DEADLINE: Duration = Duration::from_secs(10);
 /// Connections waiting for their first message (a Hello frame or an attach
 /// header). They cost a descriptor and at most ~1 KiB each in one epoll
 /// thread, so the pool is large: 4,096 of them are ~5 MiB.
-pub const WAITING_CAPACITY: usize = 4096;
+pub(crate) const WAITING_CAPACITY: usize = 4096;
 
 /// One source's share of the waiting pool: a whole 1024-stream session's
 /// data connections fit, with room to spare.
-pub const WAITING_PER_SOURCE: usize = 1024;
+pub(crate) const WAITING_PER_SOURCE: usize = 1024;
 
 /// Control connections between Hello and the token proof, each on a thread
 /// of its own (a real client spends a round trip here).
 pub const HANDSHAKING_CAPACITY: usize = 256;
 
 /// One source's share of the handshaking pool.
-pub const HANDSHAKING_PER_SOURCE: usize = 64;
+pub(crate) const HANDSHAKING_PER_SOURCE: usize = 64;
 
 /// Failed proofs (a wrong token, wrong iperf3 credentials) one source may
 /// have at once before it is slowed down (`longhaul_admission::budget`):
 /// a client with a mistyped token retries a few times and is told why.
-pub const FAILED_PROOF_BURST: u32 = 10;
+pub(crate) const FAILED_PROOF_BURST: u32 = 10;
 
 /// Failed proofs one source may have per second past the burst: its
 /// handshakes wait for their turn to have a proof checked (within the
@@ -110,7 +110,7 @@ pub const FAILED_PROOF_BURST: u32 = 10;
 /// 256 bits of HMAC key: guessing is hopeless anyway; the budget keeps a
 /// guesser from making us spend CPU, an RSA decryption per iperf3 try, and
 /// log lines at will.)
-pub const FAILED_PROOFS_PER_SECOND: f64 = 10.0;
+pub(crate) const FAILED_PROOFS_PER_SECOND: f64 = 10.0;
 
 /// The admission pools and deadline of a listening port, from the limits
 /// above.

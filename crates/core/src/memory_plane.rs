@@ -20,23 +20,23 @@ use crate::error::{Error, Result};
 /// syscall overhead vanishes next to the copy, small enough to keep the time
 /// limit and stop flag responsive (1 MiB at 10 Gb/s is under a millisecond).
 /// `LONGHAUL_CHUNK` (a size, e.g. `256K`) overrides it for measurements.
-pub const CHUNK: usize = 1 << 20;
+pub(crate) const CHUNK: usize = 1 << 20;
 
 /// Size of the memory-mode pattern (buffer or memfd). Several chunks, so
 /// consecutive sendfile calls walk through different pages.
-pub const PATTERN_LEN: usize = 8 << 20;
+pub(crate) const PATTERN_LEN: usize = 8 << 20;
 
 /// Bytes asked from one receive call.
-pub const RECV_CHUNK: usize = 1 << 20;
+pub(crate) const RECV_CHUNK: usize = 1 << 20;
 
 /// Buffer of the `read` receive method (measurements only): the copy it
 /// measures costs the same per byte whatever the buffer, and 1024 streams
 /// must not cost a gigabyte. The default `trunc` method needs no buffer.
-pub const READ_BUFFER: usize = 256 << 10;
+pub(crate) const READ_BUFFER: usize = 256 << 10;
 
 /// How memory mode sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendMethod {
+pub(crate) enum SendMethod {
     /// write(2) from a pattern buffer: one copy user -> kernel.
     Write,
     /// sendfile(2) from a memfd filled once: the kernel references the
@@ -48,7 +48,7 @@ pub enum SendMethod {
 
 /// How memory mode receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecvMethod {
+pub(crate) enum RecvMethod {
     /// read(2) into a reusable buffer: one copy kernel -> user.
     Read,
     /// recv(2) with MSG_TRUNC: TCP discards the data without copying it.
@@ -58,7 +58,7 @@ pub enum RecvMethod {
 }
 
 impl SendMethod {
-    pub fn from_env() -> Result<SendMethod> {
+    pub(crate) fn from_env() -> Result<SendMethod> {
         match std::env::var("LONGHAUL_SEND_METHOD").as_deref() {
             Err(_) | Ok("") | Ok("write") => Ok(SendMethod::Write),
             Ok("sendfile") => Ok(SendMethod::Sendfile),
@@ -71,7 +71,7 @@ impl SendMethod {
 }
 
 impl RecvMethod {
-    pub fn from_env() -> Result<RecvMethod> {
+    pub(crate) fn from_env() -> Result<RecvMethod> {
         match std::env::var("LONGHAUL_RECV_METHOD").as_deref() {
             Err(_) | Ok("") | Ok("trunc") => Ok(RecvMethod::Trunc),
             Ok("read") => Ok(RecvMethod::Read),
@@ -127,7 +127,7 @@ fn make_memfd(pattern: &[u8]) -> Result<OwnedFd> {
 }
 
 impl MemoryPlane {
-    pub fn new(send: SendMethod, recv: RecvMethod) -> Result<MemoryPlane> {
+    pub(crate) fn new(send: SendMethod, recv: RecvMethod) -> Result<MemoryPlane> {
         let memfd = if send == SendMethod::Sendfile {
             Some(Arc::new(make_memfd(&pattern())?))
         } else {

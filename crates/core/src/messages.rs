@@ -63,7 +63,7 @@ pub enum MessageType {
 }
 
 impl MessageType {
-    pub fn from_byte(b: u8) -> Option<MessageType> {
+    pub(crate) fn from_byte(b: u8) -> Option<MessageType> {
         use MessageType::*;
         Some(match b {
             0x01 => Hello,
@@ -205,12 +205,12 @@ pub struct CpuReport {
 /// The end-of-data report of one stream, from the end that sent `Done`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StreamReport {
-    pub id: u32,
+    pub(crate) id: u32,
     /// Whether this end sent or received on the stream.
-    pub role: Role,
+    pub(crate) role: Role,
     pub bytes: u64,
     /// Last TCP_INFO sample of this end's socket.
-    pub tcp: Option<longhaul_stats_api::TcpInfo>,
+    pub(crate) tcp: Option<longhaul_stats_api::TcpInfo>,
 }
 
 /// What one end did on a stream.
@@ -225,13 +225,13 @@ pub enum Role {
 /// (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StreamsReport {
-    pub streams: Vec<StreamReport>,
+    pub(crate) streams: Vec<StreamReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Done {
     pub streams: Vec<StreamReport>,
-    pub cpu: CpuReport,
+    pub(crate) cpu: CpuReport,
     /// Wall seconds of this end's data phase.
     pub seconds: f64,
     /// Mode-specific summary (disk mode: files), merged into the JSON output.
@@ -242,8 +242,8 @@ pub struct Done {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorMessage {
     /// [`crate::Error::code`] of the failure.
-    pub code: String,
-    pub message: String,
+    pub(crate) code: String,
+    pub(crate) message: String,
 }
 
 /// `longhaul advise`'s probe, sent instead of `SessionRequest` after
@@ -378,7 +378,7 @@ impl Message {
     }
 
     /// An `Error` message carrying a library error.
-    pub fn error(err: &Error) -> Message {
+    pub(crate) fn error(err: &Error) -> Message {
         Message::Error(ErrorMessage {
             code: err.code().to_string(),
             message: err.detail(),

@@ -17,7 +17,7 @@ const MAX_LAG: Duration = Duration::from_millis(10);
 
 /// Largest chunk senders use while paced: small enough that 35 streams
 /// sharing a few hundred Mb/s still interleave smoothly.
-pub const PACED_CHUNK: usize = 64 << 10;
+pub(crate) const PACED_CHUNK: usize = 64 << 10;
 
 /// Smallest paced chunk: about one MTU-sized segment.
 const MIN_PACED_CHUNK: usize = 1500;
@@ -48,7 +48,7 @@ impl Pacer {
     }
 
     /// A pacer whose rate `streams` streams share.
-    pub fn shared(bits_per_second: u64, streams: usize) -> Pacer {
+    pub(crate) fn shared(bits_per_second: u64, streams: usize) -> Pacer {
         Pacer {
             bits_per_second: bits_per_second as f64,
             streams: streams.max(1),
@@ -57,7 +57,7 @@ impl Pacer {
     }
 
     /// Chunk size for this rate (see [`CHUNK_TIME`], [`SHARE_TIME`]).
-    pub fn chunk(&self) -> usize {
+    pub(crate) fn chunk(&self) -> usize {
         let bytes = self.bits_per_second / 8.0;
         let whole = bytes * CHUNK_TIME.as_secs_f64();
         let share = bytes / self.streams as f64 * SHARE_TIME.as_secs_f64();

@@ -25,9 +25,9 @@ use crate::stream::StreamStats;
 
 /// How long finished and failed sessions stay in the snapshot: longer than
 /// any sane scrape interval (Prometheus defaults to 15 s, we allow 4 scrapes).
-pub const FINISHED_RETENTION: Duration = Duration::from_secs(60);
+pub(crate) const FINISHED_RETENTION: Duration = Duration::from_secs(60);
 
-pub fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -40,7 +40,7 @@ pub fn unix_now() -> f64 {
 /// scrape a session, and Prometheus its series (15,000 in 20 s). Honest
 /// runs end far fewer a minute; their counts stay in `sessions_total` and
 /// `sessions_failed_total` either way.
-pub const MAX_ENDED_KEPT: usize = 128;
+pub(crate) const MAX_ENDED_KEPT: usize = 128;
 
 /// Drops sessions that ended more than [`FINISHED_RETENTION`] ago, and the
 /// earliest to end past [`MAX_ENDED_KEPT`]. Running sessions stay.
@@ -98,11 +98,11 @@ impl DatagramStream {
 /// One session as the stats API sees it.
 #[derive(Debug)]
 pub struct SessionEntry {
-    pub id: String,
-    pub peer: String,
+    pub(crate) id: String,
+    pub(crate) peer: String,
     /// This end of the control connection.
-    pub local: Option<String>,
-    pub started_unix: f64,
+    pub(crate) local: Option<String>,
+    pub(crate) started_unix: f64,
     inner: Mutex<EntryState>,
 }
 
@@ -179,10 +179,6 @@ impl SessionEntry {
 
     pub fn set_devices(&self, devices: Vec<Arc<dyn DeviceCounters>>) {
         self.lock().devices = devices;
-    }
-
-    pub fn state(&self) -> api::State {
-        self.lock().state
     }
 
     fn to_api(&self) -> api::Session {
@@ -385,7 +381,7 @@ impl Registry {
     }
 
     /// The stats API answer; drops sessions past their retention.
-    pub fn snapshot(&self) -> api::Snapshot {
+    pub(crate) fn snapshot(&self) -> api::Snapshot {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         prune(&mut sessions);
         api::Snapshot {

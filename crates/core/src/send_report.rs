@@ -41,13 +41,13 @@ pub struct CpuPair {
 /// code (`disk_full`, `busy`, `incomplete`, `timeout`, ...), `message`
 /// what the command prints on stderr.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ErrorReport {
-    pub kind: &'static str,
-    pub message: String,
+pub(crate) struct ErrorReport {
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
 }
 
 impl ErrorReport {
-    pub fn of(error: &Error) -> ErrorReport {
+    pub(crate) fn of(error: &Error) -> ErrorReport {
         ErrorReport {
             kind: error.code(),
             message: error.to_string(),
@@ -61,11 +61,11 @@ impl ErrorReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct FailedRun {
     #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub ok: bool,
-    pub error: ErrorReport,
-    pub mode: Mode,
-    pub direction: Direction,
+    pub(crate) kind: &'static str,
+    pub(crate) ok: bool,
+    pub(crate) error: ErrorReport,
+    pub(crate) mode: Mode,
+    pub(crate) direction: Direction,
 }
 
 impl FailedRun {
@@ -84,32 +84,32 @@ impl FailedRun {
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalReport {
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// False when the run failed after its data phase (files that failed,
     /// idle streams with `--strict`): the object then says why in `error`
     /// and still reports what moved and what was verified.
-    pub ok: bool,
+    pub(crate) ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorReport>,
-    pub mode: Mode,
-    pub direction: Direction,
+    pub(crate) error: Option<ErrorReport>,
+    pub(crate) mode: Mode,
+    pub(crate) direction: Direction,
     /// Payload bytes moved (both directions added for bidir).
     pub bytes: u64,
     pub seconds: f64,
     pub throughput_bps: f64,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
+    pub(crate) bytes_sent: u64,
+    pub(crate) bytes_received: u64,
     pub streams: Vec<StreamResult>,
     /// Sender and receiver CPU. In bidir sessions both ends do both; there
     /// `sender` is the client (`longhaul send`) and `receiver` the server.
     pub cpu: CpuPair,
-    pub session: String,
-    pub peer: String,
+    pub(crate) session: String,
+    pub(crate) peer: String,
     /// When the client started the data phase (said Start), RFC 3339 UTC
     /// with milliseconds, and the same instant in Unix seconds: the runs
     /// of a campaign phase line up on it.
-    pub started: String,
-    pub started_unix: f64,
+    pub(crate) started: String,
+    pub(crate) started_unix: f64,
     /// `--time`, when the run was asked for a duration: `seconds` is longer
     /// by the time the data already written but not yet delivered takes to
     /// reach the receiver after the sender stops writing.
@@ -121,7 +121,7 @@ pub struct FinalReport {
 }
 
 /// `started_unix`: Unix seconds with milliseconds.
-pub fn unix_millis(t: std::time::SystemTime) -> f64 {
+pub(crate) fn unix_millis(t: std::time::SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0)
         .unwrap_or(0.0)
@@ -280,14 +280,14 @@ impl FinalReport {
 
 /// One interval's numbers for one stream.
 #[derive(Debug, Clone, Serialize)]
-pub struct IntervalStream {
-    pub id: u32,
-    pub direction: &'static str,
-    pub bytes: u64,
-    pub throughput_bps: f64,
-    pub retransmits: u64,
-    pub rtt_us: u32,
-    pub cwnd_bytes: u64,
+pub(crate) struct IntervalStream {
+    pub(crate) id: u32,
+    pub(crate) direction: &'static str,
+    pub(crate) bytes: u64,
+    pub(crate) throughput_bps: f64,
+    pub(crate) retransmits: u64,
+    pub(crate) rtt_us: u32,
+    pub(crate) cwnd_bytes: u64,
 }
 
 /// One interval line (`--interval`). `bytes` are delivered bytes: what the
@@ -297,14 +297,14 @@ pub struct IntervalStream {
 #[derive(Debug, Clone, Serialize)]
 pub struct IntervalReport {
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// `delivered`: what `bytes` count (older versions counted bytes written).
-    pub counts: &'static str,
-    pub start: f64,
-    pub end: f64,
+    pub(crate) counts: &'static str,
+    pub(crate) start: f64,
+    pub(crate) end: f64,
     pub bytes: u64,
     pub throughput_bps: f64,
-    pub streams: Vec<IntervalStream>,
+    pub(crate) streams: Vec<IntervalStream>,
 }
 
 /// Turns successive counter readings into interval reports.

@@ -12,7 +12,7 @@ use crate::stream::StreamStats;
 /// How long ago a `--start-at` instant may have passed when the run begins:
 /// the orchestrator hands one instant to every sender of a phase, and a
 /// sender that starts later than this is out of step with the others.
-pub const START_AT_SLACK: Duration = Duration::from_secs(1);
+pub(crate) const START_AT_SLACK: Duration = Duration::from_secs(1);
 
 /// How much a sending stream moves in the modes that have no data of their
 /// own to send (memory, messages).

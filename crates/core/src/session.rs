@@ -584,7 +584,7 @@ fn check_report(req: &SessionRequest, streams: Vec<StreamReport>) -> Result<Vec<
 
 /// Checks that for every stream the receiver got exactly what the sender
 /// sent (and, with `--bytes`, exactly the stream's share).
-pub fn verify_totals(
+pub(crate) fn verify_totals(
     req: &SessionRequest,
     local: &[StreamReport],
     remote: &[StreamReport],

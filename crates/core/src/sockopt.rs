@@ -18,9 +18,9 @@ use crate::error::{Error, Result};
 const SO_MAX_PACING_RATE: libc::c_int = 47;
 
 /// Where the kernel lists the congestion control algorithms it has.
-pub const AVAILABLE_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+pub(crate) const AVAILABLE_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
 /// The algorithms a process without CAP_NET_ADMIN may choose.
-pub const ALLOWED_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+pub(crate) const ALLOWED_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
 pub(crate) fn setsockopt<T>(
     sock: &impl AsRawFd,
@@ -98,7 +98,7 @@ pub fn set_buffers(sock: &impl AsRawFd, bytes: u64) -> Result<Option<String>> {
 }
 
 /// Where the kernel names the congestion control new sockets start with.
-pub const DEFAULT_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+pub(crate) const DEFAULT_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
 
 /// The congestion control a server's listener gives the sockets it accepts,
 /// so that the one a session asks for (or the machine's default), set once
@@ -106,7 +106,7 @@ pub const DEFAULT_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
 /// keeps BBR's pacing after a switch to another algorithm; Reno sets nothing
 /// up that outlives it, is built into every kernel and allowed to every
 /// process.
-pub const NEUTRAL_CC: &str = "reno";
+pub(crate) const NEUTRAL_CC: &str = "reno";
 
 /// Makes `listener` hand out sockets that start as [`NEUTRAL_CC`], so that
 /// what a server sets on each once its session is known (the session's
@@ -131,7 +131,7 @@ pub fn default_cc() -> Result<String> {
 }
 
 /// The kernel's available congestion control algorithms.
-pub fn available_cc() -> Vec<String> {
+pub(crate) fn available_cc() -> Vec<String> {
     std::fs::read_to_string(AVAILABLE_CC_PATH)
         .unwrap_or_default()
         .split_whitespace()
@@ -260,7 +260,7 @@ pub fn set_rcvlowat(sock: &impl AsRawFd, bytes: usize) -> Result<()> {
 
 /// The receive buffer the kernel gave a socket (SO_RCVBUF as read back:
 /// twice what was asked, the second half for its bookkeeping).
-pub fn rcvbuf(sock: &impl AsRawFd) -> Option<usize> {
+pub(crate) fn rcvbuf(sock: &impl AsRawFd) -> Option<usize> {
     buffer_size(sock, libc::SO_RCVBUF)
 }
 
@@ -275,7 +275,7 @@ fn buffer_size(sock: &impl AsRawFd, name: libc::c_int) -> Option<usize> {
 /// sent yet; past it, writes stop and the socket is not writable (epoll
 /// reports it again below half). 0 goes back to the machine's default
 /// (net.ipv4.tcp_notsent_lowat: no limit unless a site set one).
-pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
+pub(crate) fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
     let value = bytes.min(u64::from(u32::MAX)) as libc::c_uint;
     setsockopt(sock, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &value)
         .map_err(|e| Error::io("setting TCP_NOTSENT_LOWAT", e))
@@ -283,7 +283,7 @@ pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u64) -> Result<()> {
 
 /// SO_MAX_PACING_RATE in bytes per second, `None` when unlimited (the
 /// default) or unknown.
-pub fn max_pacing_rate(sock: &impl AsRawFd) -> Option<u64> {
+pub(crate) fn max_pacing_rate(sock: &impl AsRawFd) -> Option<u64> {
     // The kernel writes the 64-bit rate when given 8 bytes, else 32 bits.
     let (value, len) = getsockopt::<u64>(sock, libc::SOL_SOCKET, SO_MAX_PACING_RATE).ok()?;
     let unlimited = if len == std::mem::size_of::<u64>() {
@@ -297,7 +297,7 @@ pub fn max_pacing_rate(sock: &impl AsRawFd) -> Option<u64> {
 
 /// The bytes a socket holds that it has not sent yet (SIOCOUTQNSD):
 /// what TCP_NOTSENT_LOWAT compares with its limit.
-pub fn notsent(sock: &impl AsRawFd) -> Option<u64> {
+pub(crate) fn notsent(sock: &impl AsRawFd) -> Option<u64> {
     let mut n: libc::c_int = 0;
     // SAFETY: SIOCOUTQNSD writes one int through the pointer.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCOUTQNSD, &mut n) };
@@ -306,7 +306,7 @@ pub fn notsent(sock: &impl AsRawFd) -> Option<u64> {
 
 /// The bytes a socket holds that the peer has not acknowledged yet, sent
 /// or not (SIOCOUTQ, which Linux numbers as TIOCOUTQ).
-pub fn unacked(sock: &impl AsRawFd) -> Option<u64> {
+pub(crate) fn unacked(sock: &impl AsRawFd) -> Option<u64> {
     let mut n: libc::c_int = 0;
     // SAFETY: TIOCOUTQ writes one int through the pointer.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
@@ -330,27 +330,27 @@ pub fn set_buffer(sock: &impl AsRawFd, which: libc::c_int, bytes: usize) -> std:
 }
 
 /// The send buffer the kernel gave a socket (SO_SNDBUF as read back).
-pub fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
+pub(crate) fn sndbuf(sock: &impl AsRawFd) -> Option<usize> {
     buffer_size(sock, libc::SO_SNDBUF)
 }
 
 /// The bytes the peer has acknowledged on the socket (tcpi_bytes_acked);
 /// `None` where the kernel does not report it.
-pub fn bytes_acked(sock: &impl AsRawFd) -> Option<u64> {
+pub(crate) fn bytes_acked(sock: &impl AsRawFd) -> Option<u64> {
     RawTcpInfo::of_socket(sock.as_raw_fd())?.bytes_acked
 }
 
 /// The smoothed round trip of a socket (tcpi_rtt, microseconds). On a
 /// socket that only receives it is the handshake's: TCP samples the round
 /// trip from acknowledged data, and such a socket sends none.
-pub fn rtt_us(sock: &impl AsRawFd) -> Option<u32> {
+pub(crate) fn rtt_us(sock: &impl AsRawFd) -> Option<u32> {
     RawTcpInfo::of_socket(sock.as_raw_fd()).map(|i| i.rtt_us)
 }
 
 /// Samples TCP_INFO (the fields of [`longhaul_tcp_info::TcpInfo`]).
 /// Returns `None` if the socket is gone or the kernel is too old to report
 /// every field we use (delivery rate: Linux 4.9).
-pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
+pub(crate) fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
     let info = RawTcpInfo::of_socket(sock.as_raw_fd())?;
     Some(TcpInfo {
         rtt_us: info.rtt_us,
@@ -366,7 +366,7 @@ pub fn tcp_info(sock: &impl AsRawFd) -> Option<TcpInfo> {
 
 /// `tcpi_bytes_acked + tcpi_bytes_received` of a socket: everything it
 /// has moved either way, as TCP counts it.
-pub fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
+pub(crate) fn tcp_progress(sock: &impl AsRawFd) -> Option<u64> {
     let info = RawTcpInfo::of_socket(sock.as_raw_fd())?;
     Some(info.bytes_acked?.wrapping_add(info.bytes_received?))
 }

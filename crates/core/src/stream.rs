@@ -35,13 +35,13 @@ pub struct StreamStats {
     pub id: u32,
     /// What this end does on the stream.
     pub role: Role,
-    pub bytes: AtomicU64,
-    pub tcp: Mutex<Option<TcpInfo>>,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) tcp: Mutex<Option<TcpInfo>>,
     pub socket: Arc<TcpStream>,
     /// The socket's two ends, taken when the stream starts (a closed socket
     /// no longer knows its peer), for the stats API's connection list.
-    pub local: Option<SocketAddr>,
-    pub peer: Option<SocketAddr>,
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) peer: Option<SocketAddr>,
     /// Runs the stream's task again; set on its first turn.
     waker: OnceLock<Waker>,
 }
@@ -75,7 +75,7 @@ impl StreamStats {
         *self.tcp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn report(&self) -> StreamReport {
+    pub(crate) fn report(&self) -> StreamReport {
         StreamReport {
             id: self.id,
             role: self.role,
@@ -154,7 +154,7 @@ enum Phase {
 /// one chunk, 35 streams the same or worse), though its queues are longer
 /// still, so the queue length alone does not explain the difference: only
 /// BBR sockets get this turn.
-pub const BBR_SEND_TURN: usize = 1 << 20;
+pub(crate) const BBR_SEND_TURN: usize = 1 << 20;
 
 /// The turn a sending stream on this socket may take: [`BBR_SEND_TURN`]
 /// when its congestion control is BBR (any version), the workers' full

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 /// as a 2 MiB socket buffer's usable space, so a ready socket is usually
 /// filled or emptied in one turn; 1024 streams x 4 MiB is still a round of
 /// well under a second per worker at loopback speeds.
-pub const TURN_BYTES: usize = 4 << 20;
+pub(crate) const TURN_BYTES: usize = 4 << 20;
 
 /// Keys pack a slot's generation above its index (`key`): 64 bits.
 const _: () = assert!(
@@ -63,15 +63,15 @@ pub struct Interest {
 
 impl Interest {
     /// Nothing on the socket (a waker or a timer).
-    pub const NONE: Interest = Interest {
+    pub(crate) const NONE: Interest = Interest {
         read: false,
         write: false,
     };
-    pub const READ: Interest = Interest {
+    pub(crate) const READ: Interest = Interest {
         read: true,
         write: false,
     };
-    pub const WRITE: Interest = Interest {
+    pub(crate) const WRITE: Interest = Interest {
         read: false,
         write: true,
     };
@@ -125,7 +125,7 @@ impl Progress {
 }
 
 /// What a worker runs: a data stream, in practice.
-pub trait Task: Send {
+pub(crate) trait Task: Send {
     /// The socket whose readiness the task waits for.
     fn fd(&self) -> RawFd;
     /// One turn; never blocks.
@@ -133,15 +133,15 @@ pub trait Task: Send {
 }
 
 /// What a task is given for one turn.
-pub struct Turn<'a> {
+pub(crate) struct Turn<'a> {
     /// Bytes the turn may move before yielding.
-    pub allowance: usize,
+    pub(crate) allowance: usize,
     waker: &'a Waker,
 }
 
 impl Turn<'_> {
     /// Wakes this task; hand it to whatever the task waits for.
-    pub fn waker(&self) -> &Waker {
+    pub(crate) fn waker(&self) -> &Waker {
         self.waker
     }
 }
@@ -161,7 +161,7 @@ impl std::fmt::Debug for Waker {
 }
 
 impl Waker {
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         self.worker.send(Message::Wake(self.id));
     }
 }
@@ -236,9 +236,8 @@ impl Shared {
 }
 
 /// The process's data workers.
-pub struct Pool {
+pub(crate) struct Pool {
     workers: Vec<Arc<Shared>>,
-    placement: Vec<Affinity>,
 }
 
 static PLACEMENT: OnceLock<Vec<Affinity>> = OnceLock::new();
@@ -260,7 +259,7 @@ pub fn configure(threads: Option<usize>, cpus: Option<&[usize]>) -> Result<()> {
 }
 
 /// The process's pool, started on first use.
-pub fn pool() -> Result<&'static Pool> {
+pub(crate) fn pool() -> Result<&'static Pool> {
     POOL.get_or_init(|| {
         let placement = PLACEMENT
             .get_or_init(|| cpus::place(None, None, &Topology::here()).unwrap_or(vec![None]))
@@ -293,21 +292,11 @@ impl Pool {
                 .spawn(move || Worker::new(s, affinity).run())?;
             workers.push(shared);
         }
-        Ok(Pool { workers, placement })
-    }
-
-    /// Number of worker threads.
-    pub fn threads(&self) -> usize {
-        self.workers.len()
-    }
-
-    /// Where each worker runs (`None`: anywhere).
-    pub fn placement(&self) -> &[Affinity] {
-        &self.placement
+        Ok(Pool { workers })
     }
 
     /// Tasks each worker runs right now.
-    pub fn loads(&self) -> Vec<usize> {
+    pub(crate) fn loads(&self) -> Vec<usize> {
         self.workers
             .iter()
             .map(|w| w.load.load(Ordering::Relaxed))
@@ -316,7 +305,7 @@ impl Pool {
 
     /// Hands `tasks` to the least loaded workers, all at once (one message
     /// batch and one wake-up per worker); returns each task's waker.
-    pub fn spawn(&self, tasks: Vec<Box<dyn Task>>) -> Vec<Waker> {
+    pub(crate) fn spawn(&self, tasks: Vec<Box<dyn Task>>) -> Vec<Waker> {
         let mut loads: Vec<usize> = self.loads();
         let mut batches: Vec<Vec<Message>> = self.workers.iter().map(|_| Vec::new()).collect();
         let mut wakers = Vec::with_capacity(tasks.len());

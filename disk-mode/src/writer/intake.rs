@@ -27,14 +27,14 @@ pub(super) enum Reading {
 
 /// One data stream's side of the receiver pipeline: reads frames off a
 /// non-blocking socket and hands their work to the file's writer.
-pub struct Intake {
+pub(crate) struct Intake {
     pub(super) pipeline: Arc<ReceivePipeline>,
     pub(super) state: Reading,
     pub(super) hasher: Xxh3,
 }
 
 impl Intake {
-    pub fn new(pipeline: Arc<ReceivePipeline>) -> Intake {
+    pub(crate) fn new(pipeline: Arc<ReceivePipeline>) -> Intake {
         Intake {
             pipeline,
             state: Reading::Header {
@@ -47,7 +47,7 @@ impl Intake {
 
     /// One turn; `Done` at the stream's `EndOfStream`. A protocol violation
     /// is an `InvalidData` error.
-    pub fn receive(&mut self, io: &StreamIo<'_>) -> io::Result<Progress> {
+    pub(crate) fn receive(&mut self, io: &StreamIo<'_>) -> io::Result<Progress> {
         let mut moved = 0;
         loop {
             match &mut self.state {

@@ -53,10 +53,10 @@ mod queue;
 mod worker;
 
 use files::*;
-pub use intake::Intake;
+pub(crate) use intake::Intake;
 use plan::*;
 use queue::*;
-pub use worker::WRITE_DEPTH;
+pub(crate) use worker::WRITE_DEPTH;
 use worker::*;
 
 /// Save the sidecar each time the verified prefix grows by this much: a
@@ -97,7 +97,7 @@ const STATE_SAVE_BYTES: u64 = 16 << 20;
 /// while the others deliver. 1 Mi still covers a chunk held back a whole
 /// 30 s while the others move 100 Gb/s, with a hole frame next to every
 /// data frame (2 x 30 s x 12.5 GB/s / 1 MiB = ~720 K).
-pub const MAX_PARKED_BLOCKS: usize = 1 << 20;
+pub(crate) const MAX_PARKED_BLOCKS: usize = 1 << 20;
 
 /// Most files a session's writers keep open at once, shared out among them
 /// (but at least [`WRITE_DEPTH`] + 1 each, so that one always has a file
@@ -112,7 +112,7 @@ pub const MAX_PARKED_BLOCKS: usize = 1 << 20;
 /// (its readers read each file in order), so this closes files only past
 /// 256 streams of large files, where a reopen (a few syscalls and a walk
 /// down the path) is small beside the 1 MiB write it serves.
-pub const MAX_OPEN_FILES: usize = 256;
+pub(crate) const MAX_OPEN_FILES: usize = 256;
 
 /// Complete files and sidecar saves a session's writers may queue for
 /// their finishers, shared out among them (at least 2 each): queued files
@@ -213,7 +213,7 @@ fn start_writers(
 /// The running receiver pipeline; share it (Arc) with every data stream.
 /// Dropped without [`Self::finish`] (a failed session), it still stops its
 /// writers: they finish the writes in flight, save resume sidecars and end.
-pub struct ReceivePipeline {
+pub(crate) struct ReceivePipeline {
     shared: Arc<Shared>,
     /// One per writer worker.
     queues: Vec<Arc<WorkQueue>>,
@@ -231,7 +231,7 @@ impl ReceivePipeline {
     /// With a `claimant` (the server), every file is claimed for this
     /// session first ([`super::claims`]); a file another live session holds
     /// is refused, never skipped or written.
-    pub fn prepare(
+    pub(crate) fn prepare(
         root: &Path,
         manifest: &Manifest,
         opts: &DiskOptions,
@@ -331,12 +331,12 @@ impl ReceivePipeline {
     }
 
     /// Device groups and their live counters (for the stats API).
-    pub fn groups(&self) -> &[Arc<DeviceGroup>] {
+    pub(crate) fn groups(&self) -> &[Arc<DeviceGroup>] {
         &self.shared.groups
     }
 
     /// Payload bytes written so far.
-    pub fn written_bytes(&self) -> u64 {
+    pub(crate) fn written_bytes(&self) -> u64 {
         self.shared.written.load(Ordering::Relaxed)
     }
 
@@ -402,15 +402,9 @@ impl ReceivePipeline {
         Ok(x)
     }
 
-    /// Stop: unblock streams waiting for buffers. Partial files keep their
-    /// sidecars for resume.
-    pub fn abort(&self) {
-        self.shared.pool.close();
-    }
-
     /// After every stream ended (or failed): stop the writers, name every
     /// file that did not complete, apply directory metadata, and report.
-    pub fn finish(&self) -> DiskReport {
+    pub(crate) fn finish(&self) -> DiskReport {
         for q in &self.queues {
             q.close();
         }

@@ -22,7 +22,7 @@ pub(super) fn write_worker(queue: Arc<WorkQueue>, io: IoQueue<WriteTag>, sh: Arc
 /// one completes (and while the worker opens the next file). Blocks of one
 /// file land at distinct offsets and the [`OrderedDigest`] takes chunks in
 /// any order; a chunk counts as written only once its write returned.
-pub const WRITE_DEPTH: usize = crate::ioqueue::DEPTH;
+pub(crate) const WRITE_DEPTH: usize = crate::ioqueue::DEPTH;
 
 /// What a write in flight belongs to.
 pub(super) struct WriteTag {

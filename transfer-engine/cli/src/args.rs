@@ -13,12 +13,10 @@ use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use longhaul_engine::auth::Token;
 use longhaul_engine::client::SendOptions;
-use longhaul_engine::iperf3::auth::{ServerAuth, DEFAULT_SKEW as AUTH_SKEW};
-use longhaul_engine::iperf3::server::Iperf3Options;
+use longhaul_engine::iperf3::{Iperf3Options, ServerAuth, DEFAULT_SKEW as AUTH_SKEW};
 use longhaul_engine::limits::MAX_STREAMS;
 use longhaul_engine::messages::Direction;
-use longhaul_engine::planes::disk::plane::MAX_IO_WORKERS_PER_DEVICE;
-use longhaul_engine::planes::disk::DiskOptions;
+use longhaul_engine::planes::disk::{DiskOptions, MAX_IO_WORKERS_PER_DEVICE};
 use longhaul_engine::planes::messages::MAX_MESSAGE_LEN;
 use longhaul_engine::planes::{Amount, Payload};
 use longhaul_engine::probe::MAX_PINGS;
@@ -139,7 +137,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub iperf3_listen: Option<String>,
     /// iperf3 tests run at once; more are refused as busy
-    #[arg(long, value_name = "N", default_value_t = longhaul_engine::iperf3::server::DEFAULT_MAX_TESTS,
+    #[arg(long, value_name = "N", default_value_t = longhaul_engine::iperf3::DEFAULT_MAX_TESTS,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub iperf3_max_tests: usize,
     /// iperf3 tests one client address (an IPv6 /64) may hold at once,
@@ -435,7 +433,7 @@ fn positive_seconds(text: &str) -> Result<f64, String> {
 
 /// `--iperf3-max-duration`: whole seconds, 1 s up to iperf3's longest test.
 fn iperf3_max_duration(text: &str) -> Result<std::time::Duration, String> {
-    use longhaul_engine::iperf3::params::MAX_TIME;
+    use longhaul_engine::iperf3::MAX_TIME;
     let d = longhaul_units::parse_duration(text).map_err(|e| e.to_string())?;
     if d.subsec_nanos() != 0 || d.is_zero() {
         return Err("must be a whole number of seconds, at least 1".into());
@@ -506,10 +504,10 @@ impl ServeArgs {
         let mut opts = Iperf3Options::new(listen.clone());
         opts.max_tests = self.iperf3_max_tests;
         opts.max_tests_per_source = self.iperf3_max_tests_per_source.unwrap_or(
-            longhaul_engine::iperf3::server::default_tests_per_source(self.iperf3_max_tests),
+            longhaul_engine::iperf3::default_tests_per_source(self.iperf3_max_tests),
         );
         opts.max_pending_per_source = self.iperf3_max_pending_per_source.unwrap_or(
-            longhaul_engine::iperf3::server::default_pending_per_source(opts.max_tests_per_source),
+            longhaul_engine::iperf3::default_pending_per_source(opts.max_tests_per_source),
         );
         opts.check()?;
         if let Some(max) = self.iperf3_max_duration {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use longhaul::args::{Cli, Command};
 use longhaul::send_display;
-use longhaul_engine::iperf3::server::Iperf3Server;
+use longhaul_engine::iperf3::Iperf3Server;
 use longhaul_engine::server::Server;
 
 fn run(cli: Cli) -> anyhow::Result<()> {

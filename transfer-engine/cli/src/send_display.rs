@@ -155,12 +155,12 @@ fn run(
         WireProtocol::Longhaul => client::run_reporting(opts, watch),
         WireProtocol::Iperf3 => {
             let transport = if udp {
-                longhaul_engine::iperf3::params::Transport::Udp
+                longhaul_engine::iperf3::Transport::Udp
             } else {
-                longhaul_engine::iperf3::params::Transport::Tcp
+                longhaul_engine::iperf3::Transport::Tcp
             };
             opts.iperf3_test()
-                .and_then(|test| longhaul_engine::iperf3::client::run(&test, transport, watch))
+                .and_then(|test| longhaul_engine::iperf3::run_client(&test, transport, watch))
                 .map_err(Failure::from)
         }
     };

@@ -68,7 +68,7 @@ pub struct MessagesParams {
 
 impl MessagesParams {
     /// Reads and checks the parameters of a request (the server's side).
-    pub fn from_request(req: &SessionRequest) -> Result<MessagesParams> {
+    pub(crate) fn from_request(req: &SessionRequest) -> Result<MessagesParams> {
         let p: MessagesParams = req
             .mode_params
             .as_ref()
@@ -80,7 +80,7 @@ impl MessagesParams {
     }
 
     /// Checks the parameters against the request they go with.
-    pub fn check(self, req: &SessionRequest) -> Result<MessagesParams> {
+    pub(crate) fn check(self, req: &SessionRequest) -> Result<MessagesParams> {
         if self.length == 0 || self.length > MAX_MESSAGE_LEN {
             return Err(Error::Usage(format!(
                 "message length must be between 1 and {MAX_MESSAGE_LEN} bytes, got {}",
@@ -95,7 +95,7 @@ impl MessagesParams {
         Ok(self)
     }
 
-    pub fn to_value(self) -> Value {
+    pub(crate) fn to_value(self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 }
@@ -110,14 +110,14 @@ struct Tally {
 }
 
 /// The plane of a messages session; the same type serves both ends.
-pub struct MessagesPlane {
+pub(crate) struct MessagesPlane {
     params: MessagesParams,
     tally: Arc<Mutex<Tally>>,
 }
 
 impl MessagesPlane {
     /// The plane of checked parameters (see [`MessagesParams::check`]).
-    pub fn new(params: MessagesParams) -> MessagesPlane {
+    pub(crate) fn new(params: MessagesParams) -> MessagesPlane {
         MessagesPlane {
             params,
             tally: Arc::new(Mutex::new(Tally::default())),
@@ -126,7 +126,7 @@ impl MessagesPlane {
 }
 
 /// CPU time of the calling thread, seconds.
-pub fn thread_cpu_seconds() -> f64 {
+pub(crate) fn thread_cpu_seconds() -> f64 {
     // SAFETY: zeroed timespec is valid; clock_gettime fills it.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: ts is a valid out-pointer.
@@ -137,7 +137,7 @@ pub fn thread_cpu_seconds() -> f64 {
 }
 
 /// The `q` quantile (0..=1) of sorted values, nearest rank.
-pub fn quantile(sorted: &[u64], q: f64) -> u64 {
+pub(crate) fn quantile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }

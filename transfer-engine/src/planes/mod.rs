@@ -11,7 +11,7 @@
 
 pub mod messages;
 
-pub use longhaul_core::memory_plane as memory;
+pub(crate) use longhaul_core::memory_plane as memory;
 pub use longhaul_disk as disk;
 
 /// How much a stream moves in memory and messages mode.
@@ -25,8 +25,7 @@ use crate::datapath::DataPlane;
 use crate::error::Result;
 use crate::messages::{Mode, SessionRequest};
 
-use self::disk::claims::Claimant;
-use self::disk::DiskOptions;
+use self::disk::{Claimant, DiskOptions};
 use self::memory::MemoryPlane;
 use self::messages::{MessagesParams, MessagesPlane};
 
@@ -76,22 +75,22 @@ impl Payload {
 
 /// What the server offers the planes: `--root` and the destination paths
 /// live disk sessions are writing.
-pub struct ServerPlanes<'a> {
-    pub root: Option<&'a std::path::Path>,
-    pub claimant: &'a Claimant,
+pub(crate) struct ServerPlanes<'a> {
+    pub(crate) root: Option<&'a std::path::Path>,
+    pub(crate) claimant: &'a Claimant,
 }
 
 /// The server's plane for a requested session. `conn` is the control
 /// connection, between `SessionRequest` and `SessionAccepted` (disk mode
 /// reads the manifest and answers the plan).
-pub fn server_plane(
+pub(crate) fn server_plane(
     req: &SessionRequest,
     offer: &ServerPlanes<'_>,
     conn: &mut Connection,
 ) -> Result<Arc<dyn DataPlane>> {
     match req.mode {
         Mode::Memory => Ok(Arc::new(MemoryPlane::from_env()?)),
-        Mode::Disk => disk::plane::server_plane(req, offer.root, conn, offer.claimant),
+        Mode::Disk => disk::server_plane(req, offer.root, conn, offer.claimant),
         Mode::Messages => Ok(Arc::new(MessagesPlane::new(MessagesParams::from_request(
             req,
         )?))),
@@ -99,15 +98,15 @@ pub fn server_plane(
 }
 
 /// The client's plane for its own request and payload.
-pub fn client_plane(req: &SessionRequest, payload: &Payload) -> Result<Arc<dyn DataPlane>> {
+pub(crate) fn client_plane(req: &SessionRequest, payload: &Payload) -> Result<Arc<dyn DataPlane>> {
     match payload {
         Payload::Memory(_) => Ok(Arc::new(MemoryPlane::from_env()?)),
-        Payload::Files { paths, dest, disk } => Ok(Arc::new(disk::plane::SenderPlane::push(
-            req, paths, dest, disk,
-        )?)),
-        Payload::Pull { paths, dest, disk } => Ok(Arc::new(disk::plane::ReceiverPlane::pull(
-            req, paths, dest, disk,
-        )?)),
+        Payload::Files { paths, dest, disk } => {
+            Ok(Arc::new(disk::SenderPlane::push(req, paths, dest, disk)?))
+        }
+        Payload::Pull { paths, dest, disk } => {
+            Ok(Arc::new(disk::ReceiverPlane::pull(req, paths, dest, disk)?))
+        }
         Payload::Messages { params, .. } => Ok(Arc::new(MessagesPlane::new(params.check(req)?))),
     }
 }
