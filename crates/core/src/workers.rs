@@ -126,7 +126,8 @@ impl Progress {
 
 /// What a worker runs: a data stream, in practice.
 pub(crate) trait Task: Send {
-    /// The socket whose readiness the task waits for.
+    /// The socket whose readiness the task waits for: the same one, open,
+    /// from the task's first turn to its last.
     fn fd(&self) -> RawFd;
     /// One turn; never blocks.
     fn turn(&mut self, turn: &Turn<'_>) -> Progress;
@@ -371,6 +372,11 @@ fn key(slot: usize, generation: u32) -> usize {
     ((generation as usize) << 32) | slot
 }
 
+/// The slot and generation a [`key`] packed.
+fn unkey(key: usize) -> (usize, u32) {
+    (key & 0xffff_ffff, (key >> 32) as u32)
+}
+
 impl Worker {
     fn new(shared: Arc<Shared>, affinity: Affinity) -> Worker {
         Worker {
@@ -427,7 +433,7 @@ impl Worker {
                 self.inbox(&mut batch);
             }
             for ev in events.iter() {
-                batch.push((ev.key & 0xffff_ffff, (ev.key >> 32) as u32));
+                batch.push(unkey(ev.key));
             }
             self.due_timers(&mut batch);
             for (slot, generation) in batch {
@@ -575,19 +581,20 @@ impl Worker {
             return;
         }
         let event = |on: Interest| Event::new(key(slot, s.generation), on.read, on.write);
-        // SAFETY (all three): the task owns the fd and keeps it open while it
-        // is in the poller; `remove` takes it out before the task is dropped.
-        // A task without a socket (fd -1) is refused by the kernel, not here.
-        let fd_now = || (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) });
-        let refused = || std::io::Error::from_raw_os_error(libc::EBADF);
+        // SAFETY (both): the task owns the fd and keeps it open while it is
+        // in the poller; `remove` takes it out before the task is dropped.
+        // A task without a socket (fd -1) is refused before either.
         let r = match (s.registered, want) {
-            (None, Some(on)) => unsafe { poller.add_with_mode(fd, event(on), PollMode::Level) },
-            (Some(_), Some(on)) => fd_now().map_or_else(
-                || Err(refused()),
-                |fd| poller.modify_with_mode(fd, event(on), PollMode::Level),
-            ),
-            (Some(_), None) => fd_now().map_or_else(|| Err(refused()), |fd| poller.delete(fd)),
             (None, None) => Ok(()),
+            _ if fd < 0 => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+            (None, Some(on)) => unsafe { poller.add_with_mode(fd, event(on), PollMode::Level) },
+            (Some(_), want) => {
+                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                match want {
+                    Some(on) => poller.modify_with_mode(fd, event(on), PollMode::Level),
+                    None => poller.delete(fd),
+                }
+            }
         };
         match r {
             Ok(()) => s.registered = want,
@@ -705,5 +712,63 @@ mod tests {
         wakers[0].wake();
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
         wakers[0].wake(); // finished: ignored
+    }
+
+    #[test]
+    fn keys_give_back_their_slot_and_generation() {
+        for (slot, generation) in [(0, 0), (1, 1), (0xffff_ffff, u32::MAX), (7, 1 << 31)] {
+            assert_eq!(unkey(key(slot, generation)), (slot, generation));
+        }
+    }
+
+    /// Waits to read on a socket, then loses it (its fd becomes -1) and
+    /// asks to write. (A task that asked for the same readiness again would
+    /// break `Task::fd`'s contract and wait forever: the poller is not
+    /// asked again for what it already watches.)
+    struct Loser {
+        sock: Option<TcpStream>,
+        done: Option<mpsc::Sender<u32>>,
+        turns: u32,
+    }
+
+    impl Task for Loser {
+        fn fd(&self) -> RawFd {
+            self.sock.as_ref().map_or(-1, |s| s.as_raw_fd())
+        }
+        fn turn(&mut self, _turn: &Turn<'_>) -> Progress {
+            self.turns += 1;
+            match self.turns {
+                1 => Progress::readable(),
+                2 => {
+                    self.sock = None;
+                    Progress::writable()
+                }
+                _ => {
+                    let _ = self.done.take().unwrap().send(self.turns);
+                    Progress::Done
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_task_whose_socket_is_gone_runs_again_to_meet_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (tx, rx) = mpsc::channel();
+        let task = Loser {
+            sock: Some(TcpStream::connect(l.local_addr().unwrap()).unwrap()),
+            done: Some(tx),
+            turns: 0,
+        };
+        pool().unwrap().spawn(vec![Box::new(task)]);
+        let (mut peer, _) = l.accept().unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "ran on without its socket readable"
+        );
+        std::io::Write::write_all(&mut peer, b"x").unwrap();
+        // Readable: turn 2 drops the socket and asks to write on fd -1; the
+        // poller is not asked about it, and turn 3 follows at once.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 3);
     }
 }
