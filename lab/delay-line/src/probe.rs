@@ -86,31 +86,26 @@ impl ProbeSummary {
         }
     }
 
+    /// The RTTs in milliseconds: min, mean, p50, p99, max.
+    fn rtts_ms(&self) -> [f64; 5] {
+        [self.min, self.mean, self.p50, self.p99, self.max].map(|s| s * 1e3)
+    }
+
     /// One JSON object, RTTs in milliseconds.
     pub fn to_json(&self) -> String {
+        let [min, mean, p50, p99, max] = self.rtts_ms();
         format!(
-            "{{\"sent\":{},\"received\":{},\"rtt_ms\":{{\"min\":{:.3},\"mean\":{:.3},\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}}}}",
-            self.sent,
-            self.received,
-            self.min * 1e3,
-            self.mean * 1e3,
-            self.p50 * 1e3,
-            self.p99 * 1e3,
-            self.max * 1e3
+            "{{\"sent\":{},\"received\":{},\"rtt_ms\":{{\"min\":{min:.3},\"mean\":{mean:.3},\"p50\":{p50:.3},\"p99\":{p99:.3},\"max\":{max:.3}}}}}",
+            self.sent, self.received,
         )
     }
 
     /// ping-style summary line.
     pub fn to_text(&self) -> String {
+        let [min, mean, p50, p99, max] = self.rtts_ms();
         format!(
-            "{} sent, {} received; rtt min/mean/p50/p99/max = {:.3}/{:.3}/{:.3}/{:.3}/{:.3} ms",
-            self.sent,
-            self.received,
-            self.min * 1e3,
-            self.mean * 1e3,
-            self.p50 * 1e3,
-            self.p99 * 1e3,
-            self.max * 1e3
+            "{} sent, {} received; rtt min/mean/p50/p99/max = {min:.3}/{mean:.3}/{p50:.3}/{p99:.3}/{max:.3} ms",
+            self.sent, self.received,
         )
     }
 }

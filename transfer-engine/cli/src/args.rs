@@ -209,16 +209,24 @@ pub struct RunArgs {
     /// to every sender of a phase
     #[arg(long, value_name = "T", value_parser = start_instant)]
     pub start_at: Option<std::time::SystemTime>,
-    /// The campaign this transfer is a run of: the server's stats API lists
-    /// it with the session, the exporter labels the session with it
-    /// (letters, digits, '.', '_', '-'; at most 64)
+    #[command(flatten)]
+    pub label: CampaignArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+}
+
+/// Which campaign and run a transfer is (`send`, `get`, `sweep`).
+#[derive(Debug, Args, Clone, Default)]
+pub struct CampaignArgs {
+    /// The campaign this transfer is a run of (a sweep: each of its
+    /// sessions): the server's stats API lists it with the session, the
+    /// exporter labels the session with it (letters, digits, '.', '_', '-';
+    /// at most 64)
     #[arg(long, value_name = "NAME", value_parser = plain_name)]
     pub campaign: Option<String>,
     /// The run of the campaign (same rules as --campaign)
     #[arg(long, value_name = "NAME", value_parser = plain_name)]
     pub run: Option<String>,
-    #[command(flatten)]
-    pub workers: WorkerArgs,
 }
 
 /// Disk mode's flags, shared by `send` (push) and `get` (pull).
@@ -344,12 +352,8 @@ pub struct SweepArgs {
     /// TCP congestion control of the data streams
     #[arg(long, value_name = "ALG")]
     pub cc: Option<String>,
-    /// The campaign every session of the sweep is a run of (as send's)
-    #[arg(long, value_name = "NAME", value_parser = plain_name)]
-    pub campaign: Option<String>,
-    /// The run of the campaign (as send's)
-    #[arg(long, value_name = "NAME", value_parser = plain_name)]
-    pub run: Option<String>,
+    #[command(flatten)]
+    pub label: CampaignArgs,
     #[command(flatten)]
     pub workers: WorkerArgs,
 }
@@ -583,8 +587,8 @@ impl RunArgs {
         o.strict = self.strict;
         o.token = self.token_file.clone();
         o.start_at = self.start_at;
-        o.campaign = self.campaign.clone();
-        o.run = self.run.clone();
+        o.campaign = self.label.campaign.clone();
+        o.run = self.label.run.clone();
         Ok(())
     }
 }
@@ -715,8 +719,8 @@ impl SweepArgs {
             load: self.load,
             out: self.out,
             progress: !self.json,
-            campaign: self.campaign,
-            run: self.run,
+            campaign: self.label.campaign,
+            run: self.label.run,
         };
         // The matrix runs when asked for, or when nothing else is.
         let matrix_asked = !o.streams.is_empty() || !o.buffers.is_empty();
