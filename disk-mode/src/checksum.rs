@@ -151,7 +151,7 @@ fn fold(hasher: &mut Xxh3, hash: u64, n: u64) {
     }
 }
 
-/// The checksum of a whole buffer, as if it were a file (tests, tools).
+/// The checksum of a whole buffer, as if it were a file (for tests).
 #[cfg(test)]
 pub(crate) fn checksum_bytes(data: &[u8]) -> u64 {
     let mut d = FileDigest::default();

@@ -66,7 +66,7 @@ pub(crate) struct Op<T> {
 
 /// A finished operation: the caller's note, its buffer, and the bytes
 /// transferred (at least `need`) or the error.
-pub struct Done<T> {
+pub(crate) struct Done<T> {
     pub(crate) tag: T,
     pub(crate) buf: AlignedBuf,
     pub(crate) result: io::Result<usize>,

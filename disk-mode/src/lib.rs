@@ -3,32 +3,32 @@
 //!
 //! The layers, from the file system up:
 //!
-//! - [`walk`] turns `PATH...` arguments into a manifest of files and
+//! - `walk` turns `PATH...` arguments into a manifest of files and
 //!   directories with paths relative to the argument's parent.
-//! - [`devices`] groups files by the block device and controller they live on
+//! - `devices` groups files by the block device and controller they live on
 //!   (via `longhaul-topology`) and keeps per-device IO counters.
-//! - [`checksum`] is the per-file checksum: xxh3-64 over the xxh3-64 of every
-//!   [`CHUNK_SIZE`] chunk, so the receiver can hash chunks in any order and
+//! - `checksum` is the per-file checksum: xxh3-64 over the xxh3-64 of every
+//!   `CHUNK_SIZE` chunk, so the receiver can hash chunks in any order and
 //!   holes cost nothing to hash.
-//! - [`safepath`] resolves wire paths beneath the receiver's root without ever
+//! - `safepath` resolves wire paths beneath the receiver's root without ever
 //!   following a symlink or leaving the root.
-//! - [`partial`] names the temporary file and the resume sidecar of a file and
+//! - `partial` names the temporary file and the resume sidecar of a file and
 //!   decides, per manifest entry, what the receiver already has.
-//! - [`wire`] holds the manifest/plan/report messages (carried on the control
+//! - `wire` holds the manifest/plan/report messages (carried on the control
 //!   connection) and the block frames (carried on any data connection).
-//! - [`ioqueue`] keeps reads and writes in flight at a queue depth (io_uring, or
+//! - `ioqueue` keeps reads and writes in flight at a queue depth (io_uring, or
 //!   a few threads where io_uring is unavailable).
-//! - [`reader`] is the sender pipeline: reader threads per device feed one
+//! - `reader` is the sender pipeline: reader threads per device feed one
 //!   bounded queue that every data stream drains, hashing as it sends.
-//! - [`writer`] is the receiver pipeline: data streams parse frames,
+//! - `writer` is the receiver pipeline: data streams parse frames,
 //!   hashing as they receive, and hand blocks to the writer threads of the
 //!   file's device.
-//! - [`source`] ties walk, devices and reader together for the client.
-//! - [`plane`] puts both pipelines behind the core's session: the
+//! - `source` ties walk, devices and reader together for the client.
+//! - `plane` puts both pipelines behind the core's session: the
 //!   manifest/plan exchange and the `DataPlane`s.
 //!
 //! Memory stays flat whatever the tree size: every block lives in a buffer
-//! from a fixed-size [`buffer::BufferPool`], and every queue is bounded.
+//! from a fixed-size `buffer::BufferPool`, and every queue is bounded.
 
 mod buffer;
 mod checksum;

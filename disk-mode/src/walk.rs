@@ -129,8 +129,6 @@ pub(crate) struct Walk {
     pub(crate) warnings: Vec<String>,
 }
 
-impl Walk {}
-
 fn io_err(path: impl std::fmt::Display, e: io::Error) -> DiskError {
     DiskError::from_io(path.to_string(), e)
 }

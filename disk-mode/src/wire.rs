@@ -262,7 +262,7 @@ impl FrameHeader {
     }
 }
 
-/// Write a header and its payload (blocking writers: tests, tools).
+/// Write a header and its payload (blocking writers, for tests).
 #[cfg(test)]
 pub(crate) fn write_frame<W: Write>(w: &mut W, h: &FrameHeader, payload: &[u8]) -> io::Result<()> {
     debug_assert_eq!(payload.len(), h.payload_len());

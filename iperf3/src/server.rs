@@ -129,7 +129,7 @@ const TELL_GRACE: Duration = Duration::from_secs(2);
 /// What `--iperf3-listen` and its companions say.
 #[derive(Debug, Clone)]
 pub struct Iperf3Options {
-    pub(crate) listen: String,
+    pub listen: String,
     pub max_tests: usize,
     /// Tests one source may hold at once, starting or running
     /// (`--iperf3-max-tests-per-source`).

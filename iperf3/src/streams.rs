@@ -384,9 +384,9 @@ impl TestStreams {
 
     /// The test ended: receiving TCP streams read what arrives at once
     /// instead of waiting for a batch (SO_RCVLOWAT back to 1, see
-    /// [`crate::datapath::RecvBatching`]), so the drain sees the last bytes
+    /// `RecvBatching`), so the drain sees the last bytes
     /// when they arrive and the receiving end_time is theirs, not up to
-    /// [`crate::datapath::RecvBatching::LATEST`] later.
+    /// `RecvBatching::LATEST` later.
     pub(crate) fn take_what_arrives(&self) {
         for s in self.tcp.iter().filter(|s| s.role == Role::Receive) {
             // A socket already closed has nothing left to wait for.

@@ -46,7 +46,7 @@ const IDLE_STREAMS_SHOWN: usize = 10;
 #[derive(Debug, Clone)]
 pub struct SendOptions {
     /// `HOST:PORT` of the server.
-    pub(crate) to: String,
+    pub to: String,
     /// Streams per direction.
     pub streams: u32,
     /// SO_SNDBUF/SO_RCVBUF of every data socket, bytes.

@@ -126,8 +126,9 @@ impl Progress {
 
 /// What a worker runs: a data stream, in practice.
 pub(crate) trait Task: Send {
-    /// The socket whose readiness the task waits for: the same one, open,
-    /// from the task's first turn to its last.
+    /// The socket whose readiness the task waits for, open while the task
+    /// waits on it; -1 once the task has none (it is then run again to meet
+    /// that, not waited for).
     fn fd(&self) -> RawFd;
     /// One turn; never blocks.
     fn turn(&mut self, turn: &Turn<'_>) -> Progress;
@@ -577,13 +578,18 @@ impl Worker {
         };
         let fd = task.fd();
         let want = (on != Interest::NONE).then_some(on);
-        if want == s.registered {
+        // Already watched for this, on a socket it still has. (A socket
+        // closed under the poller leaves it silently: asking again for the
+        // same readiness on fd -1 must not wait for an event that cannot
+        // come.)
+        if want == s.registered && (fd >= 0 || want.is_none()) {
             return;
         }
         let event = |on: Interest| Event::new(key(slot, s.generation), on.read, on.write);
         // SAFETY (both): the task owns the fd and keeps it open while it is
         // in the poller; `remove` takes it out before the task is dropped.
-        // A task without a socket (fd -1) is refused before either.
+        // A task without a socket (fd -1) is refused before either (the
+        // poller would take -1 for a BorrowedFd, which std forbids).
         let r = match (s.registered, want) {
             (None, None) => Ok(()),
             _ if fd < 0 => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
@@ -722,9 +728,8 @@ mod tests {
     }
 
     /// Waits to read on a socket, then loses it (its fd becomes -1) and
-    /// asks to write. (A task that asked for the same readiness again would
-    /// break `Task::fd`'s contract and wait forever: the poller is not
-    /// asked again for what it already watches.)
+    /// asks to read twice more: once still registered for reading, once
+    /// not registered at all.
     struct Loser {
         sock: Option<TcpStream>,
         done: Option<mpsc::Sender<u32>>,
@@ -738,10 +743,10 @@ mod tests {
         fn turn(&mut self, _turn: &Turn<'_>) -> Progress {
             self.turns += 1;
             match self.turns {
-                1 => Progress::readable(),
+                1 | 3 => Progress::readable(),
                 2 => {
                     self.sock = None;
-                    Progress::writable()
+                    Progress::readable()
                 }
                 _ => {
                     let _ = self.done.take().unwrap().send(self.turns);
@@ -767,8 +772,8 @@ mod tests {
             "ran on without its socket readable"
         );
         std::io::Write::write_all(&mut peer, b"x").unwrap();
-        // Readable: turn 2 drops the socket and asks to write on fd -1; the
-        // poller is not asked about it, and turn 3 follows at once.
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 3);
+        // Readable: turn 2 drops the socket and asks to read on fd -1; the
+        // poller is not asked about it, and turns 3 and 4 follow at once.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 4);
     }
 }

@@ -218,10 +218,9 @@ pub struct RunArgs {
 /// Which campaign and run a transfer is (`send`, `get`, `sweep`).
 #[derive(Debug, Args, Clone, Default)]
 pub struct CampaignArgs {
-    /// The campaign this transfer is a run of (a sweep: each of its
-    /// sessions): the server's stats API lists it with the session, the
-    /// exporter labels the session with it (letters, digits, '.', '_', '-';
-    /// at most 64)
+    /// The campaign this is a run of: the server's stats API lists it with
+    /// the session, the exporter labels the session with it (letters,
+    /// digits, '.', '_', '-'; at most 64)
     #[arg(long, value_name = "NAME", value_parser = plain_name)]
     pub campaign: Option<String>,
     /// The run of the campaign (same rules as --campaign)

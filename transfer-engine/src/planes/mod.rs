@@ -1,13 +1,13 @@
 //! The data planes, one per mode, and the one place a mode is chosen.
 //!
-//! - [`memory`]: memory to memory, a pattern out and nothing kept.
-//! - [`disk`]: files and trees, read per device, verified and resumable.
-//! - [`messages`]: fixed-length messages, request/response or streaming
+//! - `memory`: memory to memory, a pattern out and nothing kept.
+//! - `disk`: files and trees, read per device, verified and resumable.
+//! - `messages`: fixed-length messages, request/response or streaming
 //!   (the message-length sweeps of `longhaul sweep`).
 //!
-//! Each is a [`DataPlane`], which owns everything particular to its mode
-//! (see [`crate::datapath`]). A new mode is a new plane here, a [`Mode`]
-//! variant on the wire and a [`Payload`] variant for the client.
+//! Each is a `DataPlane`, which owns everything particular to its mode
+//! (see `crate::datapath`). A new mode is a new plane here, a `Mode`
+//! variant on the wire and a `Payload` variant for the client.
 
 pub mod messages;
 
