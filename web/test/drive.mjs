@@ -17,7 +17,7 @@
 //        whether it held at all, and the panels whose state changed once drawn
 //        (by place and title: their last 12 states in order); the page's console
 //        errors since the open, and the requests that got no answer (Chromium's reason)
-//   {"cmd": "screenshot", "path": FILE, "fullPage": true|false}   (default the whole page)
+//   {"cmd": "screenshot", "path": FILE, "fullPage": true|false, "timeoutMs": N}   (default the whole page, 90 s)
 //   {"cmd": "viewport", "width": W, "height": H}   the window's new size
 //   {"cmd": "click", "selector": CSS}               click what it finds; answers the page's path and search after
 //   {"cmd": "text", "selector": CSS}                the text of what it finds, once it is there
@@ -240,7 +240,15 @@ for await (const line of commands) {
         answer = { ok: true };
         break;
       case 'screenshot':
-        await page.screenshot({ path: command.path, fullPage: command.fullPage ?? true });
+        // Up to 90 s (Playwright's default is 30): the screenshot waits for a
+        // frame, and a page redrawing its panels on a loaded machine (the
+        // lab's campaign beside Molecule in CI) can hold its frames longer
+        // (cold CI on e6ddbc9: 30 s passed with the panels already drawn).
+        await page.screenshot({
+          path: command.path,
+          fullPage: command.fullPage ?? true,
+          timeout: command.timeoutMs || 90000,
+        });
         answer = { ok: true };
         break;
       case 'queries':
