@@ -2,12 +2,15 @@
 playwright-core with /usr/bin/chromium) keeps one page open; this class sends
 it one command at a time and reads its answer, with a time limit on each."""
 
+import http.server
 import json
 import queue
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import helpers
@@ -236,6 +239,70 @@ def describe(settled):
         ),
         settled.get("changes") or "none",
     )
+
+
+class SlowStore:
+    """A store that answers late: an HTTP server on loopback that passes every
+    request to `upstream` (a real Prometheus) and its answer back `delay_s`
+    later, as a Prometheus busy with other work would. Its `url` goes where the
+    store's would; `asked` counts the requests; `most_at_once` is the most it
+    held at one time (what the page piled on it)."""
+
+    def __init__(self, upstream, delay_s):
+        self.upstream = upstream.rstrip("/")
+        self.delay_s = delay_s
+        self.asked = 0
+        self.holding = 0
+        self.most_at_once = 0
+        self.lock = threading.Lock()
+        store = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.pass_on(None)
+
+            def do_POST(self):
+                self.pass_on(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def pass_on(self, body):
+                with store.lock:
+                    store.asked += 1
+                    store.holding += 1
+                    store.most_at_once = max(store.most_at_once, store.holding)
+                try:
+                    time.sleep(store.delay_s)
+                    headers = {"Content-Type": self.headers.get("Content-Type", "application/x-www-form-urlencoded")}
+                    request = urllib.request.Request(store.upstream + self.path, data=body, headers=headers)
+                    try:
+                        with urllib.request.urlopen(request, timeout=30) as answer:
+                            status, kind, data = answer.status, answer.headers.get("Content-Type"), answer.read()
+                    except urllib.error.HTTPError as error:
+                        status, kind, data = error.code, error.headers.get("Content-Type"), error.read()
+                    self.send_response(status)
+                    self.send_header("Content-Type", kind or "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the page (through nginx) gave up on it: its business
+                finally:
+                    with store.lock:
+                        store.holding -= 1
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def start_live_view(processes, workdir, prometheus_url, tmp_path, **overrides):

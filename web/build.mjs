@@ -22,7 +22,11 @@ mkdirSync(join(out, 'dashboards'), { recursive: true });
 
 // Two modules of ours in the place of others: our EChart (src/echart.jsx) for
 // Perses's, which redraws a chart whole after every render of its panel, and
-// src/gcd.js for mathjs (see those files).
+// src/gcd.js for mathjs (see those files); and two lines of Perses's changed
+// as it is bundled (below): when a list variable counts as loading, and what its
+// refresh timer calls.
+// What of Perses's was changed: both, or the build fails (a new Perses moved them).
+const changed = new Set();
 const ourModules = {
   name: 'longhaul-modules',
   setup(bundle) {
@@ -31,6 +35,39 @@ const ourModules = {
     bundle.onResolve({ filter: /^\.\/EChart$/ }, (args) =>
       /@perses-dev[\\/]components[\\/]dist[\\/]EChart$/.test(args.resolveDir) ? { path: join(here, 'src', 'echart.jsx') } : undefined
     );
+    // A list variable counts as loading until its first options, not on every
+    // refetch. Perses holds back every panel whose query names a variable while
+    // that variable is fetching, and every refresh fetches every variable again
+    // (its key holds the time range): on a Prometheus slower than the refresh
+    // allows for a variable's answer and then a panel's, a panel that had not
+    // drawn yet never did (lab CI of stop 69: the per-stream panel a skeleton for
+    // over a minute). Meanwhile a panel reads the options it has, and at the next
+    // refresh the new ones.
+    bundle.onLoad({ filter: /@perses-dev[\\/]dashboards[\\/]dist[\\/]components[\\/]Variables[\\/]Variable\.js$/ }, (args) => {
+      const source = readFileSync(args.path, 'utf8');
+      const fetching = /variablesOptionsQuery\.isFetching/g;
+      const found = (source.match(fetching) || []).length;
+      if (found !== 2) {
+        throw new Error(`${args.path}: expected variablesOptionsQuery.isFetching twice (a list variable's loading), found it ${found} times: see web/build.mjs`);
+      }
+      changed.add('list variable');
+      return { contents: source.replace(fetching, 'variablesOptionsQuery.isLoading'), loader: 'jsx' };
+    });
+    // A refresh waits while the last one's queries are in flight (src/refresh.js).
+    bundle.onLoad({ filter: /@perses-dev[\\/]plugin-system[\\/]dist[\\/]runtime[\\/]TimeRangeProvider[\\/]TimeRangeProvider\.js$/ }, (args) => {
+      const source = readFileSync(args.path, 'utf8');
+      const timer = /setInterval\(\(\)=>\{\s*refresh\(\);\s*\}, refreshIntervalInMs\)/g;
+      const found = (source.match(timer) || []).length;
+      if (found !== 1) {
+        throw new Error(`${args.path}: expected Perses's refresh timer (setInterval calling refresh()) once, found it ${found} times: see web/build.mjs`);
+      }
+      const ours = JSON.stringify(join(here, 'src', 'refresh.js'));
+      changed.add('refresh timer');
+      return {
+        contents: `import { refreshUnlessBusy } from ${ours};\n` + source.replace(timer, 'setInterval(()=>refreshUnlessBusy(refresh), refreshIntervalInMs)'),
+        loader: 'jsx',
+      };
+    });
   },
 };
 
@@ -53,6 +90,10 @@ await build({
   logLevel: 'warning',
   legalComments: 'external',
 });
+
+for (const what of ['list variable', 'refresh timer']) {
+  if (!changed.has(what)) throw new Error(`Perses's ${what} was not found to change: see web/build.mjs`);
+}
 
 copyFileSync(join(here, 'index.html'), join(out, 'index.html'));
 const index = [];

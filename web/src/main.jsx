@@ -19,6 +19,7 @@ import * as timeSeriesChartPlugin from '@perses-dev/timeseries-chart-plugin';
 import * as statChartPlugin from '@perses-dev/stat-chart-plugin';
 import * as tablePlugin from '@perses-dev/table-plugin';
 import * as statusHistoryChartPlugin from '@perses-dev/status-history-chart-plugin';
+import { refreshBusyWhen } from './refresh.js';
 
 // Prometheus's scrape interval in our roles (prometheus_scrape_interval): the
 // least step of $__rate_interval, as in Grafana's data source.
@@ -51,6 +52,11 @@ function sourceOf(store) {
       plugin: { kind: 'PrometheusDatasource', spec: { directUrl: store.api, scrapeInterval: SCRAPE_INTERVAL } },
     },
   };
+  const queries = newQueryClient();
+  let answeredAt = 0;
+  queries.getQueryCache().subscribe((event) => {
+    if (event.type === 'updated' && event.action.type === 'success') answeredAt = Date.now();
+  });
   return {
     api: {
       buildProxyUrl: () => store.api,
@@ -59,7 +65,10 @@ function sourceOf(store) {
       listDatasources: () => Promise.resolve([]),
       listGlobalDatasources: () => Promise.resolve([datasource]),
     },
-    queries: newQueryClient(),
+    queries,
+    // when a query of this store last got its answer (a health check that waited
+    // longer is no news of the store: see askStore)
+    answeredAt: () => answeredAt,
   };
 }
 
@@ -74,7 +83,12 @@ function sourceOf(store) {
 const HEALTH_EVERY_MS = 5000;
 const PrometheusAway = createContext(null);
 
+// A check that got no answer in its time while a panel's query to the same store
+// got one is no news of the store: the check waited in the browser's queue (six
+// requests at a time to one origin over HTTP/1.1) behind a dashboard's queries to
+// a slow store, which is there.
 async function askStore(store) {
+  const sent = Date.now();
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), store.waitMs);
   try {
@@ -92,6 +106,7 @@ async function askStore(store) {
     }
     return { away: null };
   } catch (error) {
+    if (SOURCES[store.key].answeredAt() >= sent) return { away: null };
     const late = `no answer in ${store.waitMs / 1000} s`;
     return { away: `${store.what} does not answer the live view: ${error.name === 'AbortError' ? late : error.message}` };
   } finally {
@@ -181,13 +196,27 @@ const pluginLoader = dynamicImportPluginLoader(
 // without it every panel blanks to a skeleton until its new answer, and on a
 // busy Prometheus (answers slower than the refresh) never draws at all. A
 // failed query still shows its error (react-query keeps no data over an error).
+// A query that got no answer at all (fetch's TypeError: the host's network
+// changed under the request, a laptop between networks) is asked once more a
+// second later before its panel shows the error; an answer, even an error
+// (502: the store is away), is the answer.
 function newQueryClient() {
   return new QueryClient({
-    defaultOptions: { queries: { refetchOnWindowFocus: false, retry: 0, staleTime: Infinity, keepPreviousData: true } },
+    defaultOptions: {
+      queries: {
+        refetchOnWindowFocus: false,
+        retry: (failures, error) => failures < 1 && error instanceof TypeError,
+        retryDelay: 1000,
+        staleTime: Infinity,
+        keepPreviousData: true,
+      },
+    },
   });
 }
 const queryClient = newQueryClient();
 const SOURCES = { site: sourceOf(STORES.site), central: sourceOf(STORES.central) };
+// A dashboard's refresh waits while its store's last queries are in flight (src/refresh.js).
+refreshBusyWhen(() => SOURCES.site.queries.isFetching() + SOURCES.central.queries.isFetching() > 0);
 
 const muiTheme = getTheme('light');
 const chartsTheme = generateChartsTheme(muiTheme, {});
