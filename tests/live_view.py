@@ -245,15 +245,12 @@ class SlowStore:
     """A store that answers late: an HTTP server on loopback that passes every
     request to `upstream` (a real Prometheus) and its answer back `delay_s`
     later, as a Prometheus busy with other work would. Its `url` goes where the
-    store's would; `asked` counts the requests; `most_at_once` is the most it
-    held at one time (what the page piled on it)."""
+    store's would; `arrived` lists the paths of the requests that reached it."""
 
     def __init__(self, upstream, delay_s):
         self.upstream = upstream.rstrip("/")
         self.delay_s = delay_s
-        self.asked = 0
-        self.holding = 0
-        self.most_at_once = 0
+        self.arrived = []
         self.lock = threading.Lock()
         store = self
 
@@ -269,18 +266,19 @@ class SlowStore:
 
             def pass_on(self, body):
                 with store.lock:
-                    store.asked += 1
-                    store.holding += 1
-                    store.most_at_once = max(store.most_at_once, store.holding)
+                    store.arrived.append(self.path.split("?")[0])
+                time.sleep(store.delay_s)
+                headers = {"Content-Type": self.headers.get("Content-Type", "application/x-www-form-urlencoded")}
+                request = urllib.request.Request(store.upstream + self.path, data=body, headers=headers)
                 try:
-                    time.sleep(store.delay_s)
-                    headers = {"Content-Type": self.headers.get("Content-Type", "application/x-www-form-urlencoded")}
-                    request = urllib.request.Request(store.upstream + self.path, data=body, headers=headers)
-                    try:
-                        with urllib.request.urlopen(request, timeout=30) as answer:
-                            status, kind, data = answer.status, answer.headers.get("Content-Type"), answer.read()
-                    except urllib.error.HTTPError as error:
-                        status, kind, data = error.code, error.headers.get("Content-Type"), error.read()
+                    with urllib.request.urlopen(request, timeout=30) as answer:
+                        status, kind, data = answer.status, answer.headers.get("Content-Type"), answer.read()
+                except urllib.error.HTTPError as error:
+                    status, kind, data = error.code, error.headers.get("Content-Type"), error.read()
+                except OSError as error:  # no answer upstream: said as Prometheus's own errors are
+                    status, kind = 503, "application/json"
+                    data = json.dumps({"status": "error", "error": "slow store: %s" % error}).encode()
+                try:
                     self.send_response(status)
                     self.send_header("Content-Type", kind or "application/json")
                     self.send_header("Content-Length", str(len(data)))
@@ -288,12 +286,8 @@ class SlowStore:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the page (through nginx) gave up on it: its business
-                finally:
-                    with store.lock:
-                        store.holding -= 1
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

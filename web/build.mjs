@@ -22,10 +22,9 @@ mkdirSync(join(out, 'dashboards'), { recursive: true });
 
 // Two modules of ours in the place of others: our EChart (src/echart.jsx) for
 // Perses's, which redraws a chart whole after every render of its panel, and
-// src/gcd.js for mathjs (see those files); and two lines of Perses's changed
-// as it is bundled (below): when a list variable counts as loading, and what its
-// refresh timer calls.
-// What of Perses's was changed: both, or the build fails (a new Perses moved them).
+// src/gcd.js for mathjs (see those files); and one line of Perses's changed as
+// it is bundled (below): what its refresh timer calls.
+// What of Perses's was changed: all of it, or the build fails (a new Perses moved it).
 const changed = new Set();
 const ourModules = {
   name: 'longhaul-modules',
@@ -35,24 +34,6 @@ const ourModules = {
     bundle.onResolve({ filter: /^\.\/EChart$/ }, (args) =>
       /@perses-dev[\\/]components[\\/]dist[\\/]EChart$/.test(args.resolveDir) ? { path: join(here, 'src', 'echart.jsx') } : undefined
     );
-    // A list variable counts as loading until its first options, not on every
-    // refetch. Perses holds back every panel whose query names a variable while
-    // that variable is fetching, and every refresh fetches every variable again
-    // (its key holds the time range): on a Prometheus slower than the refresh
-    // allows for a variable's answer and then a panel's, a panel that had not
-    // drawn yet never did (lab CI of stop 69: the per-stream panel a skeleton for
-    // over a minute). Meanwhile a panel reads the options it has, and at the next
-    // refresh the new ones.
-    bundle.onLoad({ filter: /@perses-dev[\\/]dashboards[\\/]dist[\\/]components[\\/]Variables[\\/]Variable\.js$/ }, (args) => {
-      const source = readFileSync(args.path, 'utf8');
-      const fetching = /variablesOptionsQuery\.isFetching/g;
-      const found = (source.match(fetching) || []).length;
-      if (found !== 2) {
-        throw new Error(`${args.path}: expected variablesOptionsQuery.isFetching twice (a list variable's loading), found it ${found} times: see web/build.mjs`);
-      }
-      changed.add('list variable');
-      return { contents: source.replace(fetching, 'variablesOptionsQuery.isLoading'), loader: 'jsx' };
-    });
     // A refresh waits while the last one's queries are in flight (src/refresh.js).
     bundle.onLoad({ filter: /@perses-dev[\\/]plugin-system[\\/]dist[\\/]runtime[\\/]TimeRangeProvider[\\/]TimeRangeProvider\.js$/ }, (args) => {
       const source = readFileSync(args.path, 'utf8');
@@ -64,7 +45,7 @@ const ourModules = {
       const ours = JSON.stringify(join(here, 'src', 'refresh.js'));
       changed.add('refresh timer');
       return {
-        contents: `import { refreshUnlessBusy } from ${ours};\n` + source.replace(timer, 'setInterval(()=>refreshUnlessBusy(refresh), refreshIntervalInMs)'),
+        contents: `import { refreshUnlessBusy } from ${ours};\n` + source.replace(timer, 'setInterval(()=>refreshUnlessBusy(refresh, refreshIntervalInMs), refreshIntervalInMs)'),
         loader: 'jsx',
       };
     });
@@ -91,7 +72,7 @@ await build({
   legalComments: 'external',
 });
 
-for (const what of ['list variable', 'refresh timer']) {
+for (const what of ['refresh timer']) {
   if (!changed.has(what)) throw new Error(`Perses's ${what} was not found to change: see web/build.mjs`);
 }
 

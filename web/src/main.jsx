@@ -54,8 +54,12 @@ function sourceOf(store) {
   };
   const queries = newQueryClient();
   let answeredAt = 0;
+  // the store's own answers: a panel's query or a variable's values (a plugin's
+  // or data source's lookup is answered by the page itself)
   queries.getQueryCache().subscribe((event) => {
-    if (event.type === 'updated' && event.action.type === 'success') answeredAt = Date.now();
+    if (event.type !== 'updated' || event.action.type !== 'success') return;
+    const kind = event.query.queryKey[0]?.kind;
+    if (kind === 'TimeSeriesQuery' || kind === 'ListVariable') answeredAt = Date.now();
   });
   return {
     api: {

@@ -5,17 +5,28 @@
 // connections to one origin over HTTP/1.1) grows by a whole dashboard's queries
 // each time, no later answer is ever drawn (each belongs to a time range the
 // page has left), and a panel that had not drawn yet never does. Waiting, the
-// page refreshes as often as the store answers, up to the interval asked for,
-// and asks it for no more than one dashboard's queries at a time.
+// page refreshes at the first tick of its interval after the last answer.
+//
+// A query that hangs (a store that takes the connection and never answers,
+// until nginx's 60 s) would hold every panel's refresh: after WAIT_AT_MOST_MS
+// of waiting (or one interval, if longer) the page refreshes anyway.
 //
 // web/build.mjs has Perses's refresh timer call refreshUnlessBusy; main.jsx
 // says what busy is (its query clients fetching).
+const WAIT_AT_MOST_MS = 30000;
 let busy = () => false;
+let waitingSince = null;
 
 export function refreshBusyWhen(check) {
   busy = check;
 }
 
-export function refreshUnlessBusy(refresh) {
-  if (!busy()) refresh();
+export function refreshUnlessBusy(refresh, intervalMs) {
+  const now = Date.now();
+  if (busy()) {
+    waitingSince ??= now;
+    if (now - waitingSince + intervalMs <= Math.max(WAIT_AT_MOST_MS, intervalMs)) return;
+  }
+  waitingSince = null;
+  refresh();
 }
