@@ -139,10 +139,21 @@ class LiveView:
         self.close()
 
 
+def perses_board(name):
+    """The Perses dashboard `name` (dashboards/perses/NAME.json)."""
+    return json.loads((helpers.REPO / "dashboards" / "perses" / ("%s.json" % name)).read_text())
+
+
 def panel_count(name):
-    """How many panels the Perses dashboard `name` has (dashboards/perses/)."""
-    board = json.loads((helpers.REPO / "dashboards" / "perses" / ("%s.json" % name)).read_text())
-    return len(board["spec"]["panels"])
+    """How many panels the Perses dashboard `name` has."""
+    return len(perses_board(name)["spec"]["panels"])
+
+
+def refresh_requests(name):
+    """What one refresh of the Perses dashboard `name` asks the store: its panel
+    queries (annotations' too) and its variables (one label request each)."""
+    spec = perses_board(name)["spec"]
+    return sum(len(panel["spec"].get("queries", [])) for panel in spec["panels"].values()), len(spec["variables"])
 
 
 def not_all_data(name, settled, may_be_empty=MAY_BE_EMPTY):

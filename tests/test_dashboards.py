@@ -37,11 +37,11 @@ from live_view import (
     describe,
     each_dashboard,
     not_all_data,
+    refresh_requests,
     start_live_view,
 )
 from stack import ROUTER, SCRAPE_S, SNMP_INTERFACES, Stack
 
-DASHBOARDS = helpers.REPO / "dashboards"
 RULES = helpers.REPO / "rules"
 
 MEMORY_SECONDS = 20
@@ -567,11 +567,7 @@ def test_the_live_view_draws_every_panel_from_a_prometheus_slower_than_its_refre
     were."""
     stack, run = live
     ended = MAY_BE_EMPTY | {SESSIONS_TABLE}
-    board = json.loads((DASHBOARDS / "perses" / "transfer-overview.json").read_text())
-    # one refresh: every variable's values, every panel query (annotations too)
-    per_refresh = len(board["spec"]["variables"]) + sum(
-        len(panel["spec"].get("queries", [])) for panel in board["spec"]["panels"].values()
-    )
+    per_refresh = sum(refresh_requests("transfer-overview"))
     health = "/api/v1/status/buildinfo"
     with SlowStore(stack.prometheus_url, delay_s=2) as slow:
         base = start_live_view(module_processes, tmp_path / "nginx", slow.url, tmp_path)

@@ -219,7 +219,7 @@ function newQueryClient() {
 }
 const queryClient = newQueryClient();
 const SOURCES = { site: sourceOf(STORES.site), central: sourceOf(STORES.central) };
-// A dashboard's refresh waits while its store's last queries are in flight (src/refresh.js).
+// A dashboard's refresh waits while the page's last queries (either store's) are in flight (src/refresh.js).
 refreshBusyWhen(() => SOURCES.site.queries.isFetching() + SOURCES.central.queries.isFetching() > 0);
 
 const muiTheme = getTheme('light');

@@ -22,10 +22,10 @@ export function refreshBusyWhen(check) {
 }
 
 export function refreshUnlessBusy(refresh, intervalMs) {
-  const now = Date.now();
   if (busy()) {
-    waitingSince ??= now;
-    if (now - waitingSince + intervalMs <= Math.max(WAIT_AT_MOST_MS, intervalMs)) return;
+    waitingSince ??= Date.now();
+    // the ticks skipped so far, and this one, within WAIT_AT_MOST_MS
+    if (Date.now() - waitingSince <= Math.max(WAIT_AT_MOST_MS - intervalMs, 0)) return;
   }
   waitingSince = null;
   refresh();
